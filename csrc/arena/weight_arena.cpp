@@ -1,0 +1,223 @@
+#include "arena/weight_arena.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "arena/numa_first_touch.h"
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+#ifndef RAMFS_MAGIC
+#define RAMFS_MAGIC 0x858458f6
+#endif
+
+namespace ktmoe {
+namespace {
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Why a name cannot be a file name under dir ("" if it can).
+std::string check_name(const std::string& name) {
+  if (name.empty()) return "invalid arena name: empty";
+  if (name == "." || name == "..") return "invalid arena name '" + name + "'";
+  if (name.size() > 200) return "invalid arena name: longer than 200 characters";
+  for (char c : name)
+    if (c == '/' || c == '\0') return "invalid arena name '" + name + "': contains '/' or NUL";
+  return "";
+}
+
+// Why dir cannot hold reclaimable file-backed weights ("" if it can).
+std::string check_dir(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return errno_text(("directory '" + dir + "'").c_str());
+  if (!S_ISDIR(st.st_mode)) return "'" + dir + "' is not a directory";
+  struct statfs fs;
+  if (statfs(dir.c_str(), &fs) != 0) return errno_text(("statfs '" + dir + "'").c_str());
+  const auto type = static_cast<unsigned long>(fs.f_type);
+  if (type == TMPFS_MAGIC || type == RAMFS_MAGIC)
+    return "'" + dir + "' is on tmpfs/ramfs: its pages are swap-backed, no reclaim benefit";
+  if (type == HUGETLBFS_MAGIC)
+    return "'" + dir + "' is on hugetlbfs: its pages are never reclaimed";
+  return "";
+}
+
+// Process-wide statistics; every arena updates them under one lock.
+struct ProcessTotals {
+  std::mutex mutex;
+  ProcessArenaStats stats;
+};
+ProcessTotals& totals() {
+  static ProcessTotals* t = new ProcessTotals();  // never destroyed: arenas may outlive statics
+  return *t;
+}
+
+}  // namespace
+
+std::shared_ptr<KtWeightArena> KtWeightArena::open(const std::string& dir, const std::string& name,
+                                                   const ArenaOptions& options) {
+  std::shared_ptr<KtWeightArena> arena(new KtWeightArena(dir, name, options));
+  if (!dir.empty()) arena->open_file();
+  return arena;
+}
+
+KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptions& options)
+    : dir_(std::move(dir)), name_(std::move(name)), options_(options) {
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  totals().stats.arenas += 1;
+}
+
+void KtWeightArena::open_file() {
+  open_error_ = check_name(name_);
+  if (open_error_.empty()) open_error_ = check_dir(dir_);
+  if (!open_error_.empty()) return;
+  // An unnamed file (O_TMPFILE) needs no unlink; where the filesystem lacks it,
+  // create the named file and unlink it at once.
+  fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd_ < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    const std::string path = dir_ + "/" + name_ + ".ktmoe." + std::to_string(getpid());
+    fd_ = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ >= 0) ::unlink(path.c_str());
+  }
+  if (fd_ < 0) open_error_ = errno_text(("cannot create a file in '" + dir_ + "'").c_str());
+}
+
+KtWeightArena::~KtWeightArena() {
+  for (const Slice& s : slices_) {
+    if (s.mapped)
+      ::munmap(s.addr, s.bytes);
+    else
+      std::free(s.addr);
+  }
+  if (fd_ >= 0) ::close(fd_);
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  totals().stats.arenas -= 1;
+  totals().stats.allocations -= stats_.allocations;
+  totals().stats.file_backed_bytes -= stats_.file_backed_bytes;
+  totals().stats.anon_bytes -= stats_.anon_bytes;
+}
+
+void* KtWeightArena::map_slice(int64_t n, std::string* error) {
+  const int64_t bytes = round_up_to(n, kSliceAlign);
+  const int64_t offset = file_size_;
+  // Reserve the blocks first: a full disk fails here, not as SIGBUS on a write fault.
+  if (int rc = ::posix_fallocate(fd_, offset, bytes); rc != 0) {
+    errno = rc;
+    *error = errno_text("fallocate");
+    if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
+    return nullptr;
+  }
+  // Map at a 2 MiB-aligned address so large folios can map a PMD at a time.
+  void* reserve = ::mmap(nullptr, bytes + kSliceAlign, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserve == MAP_FAILED) {
+    *error = errno_text("mmap (address reservation)");
+    if (::ftruncate(fd_, offset) != 0) {}
+    return nullptr;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(reserve);
+  const uintptr_t aligned = (base + kSliceAlign - 1) & ~uintptr_t(kSliceAlign - 1);
+  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_FIXED, fd_, offset);
+  if (addr == MAP_FAILED) {
+    *error = errno_text("mmap (MAP_SHARED)");
+    ::munmap(reserve, bytes + kSliceAlign);
+    if (::ftruncate(fd_, offset) != 0) {}
+    return nullptr;
+  }
+  if (aligned > base) ::munmap(reserve, aligned - base);
+  const uintptr_t tail = aligned + bytes, end = base + bytes + kSliceAlign;
+  if (end > tail) ::munmap(reinterpret_cast<void*>(tail), end - tail);
+  // Advice is best effort: a kernel without THP for files still maps the slice.
+  ::madvise(addr, bytes, MADV_RANDOM);
+  if (options_.hugepage) ::madvise(addr, bytes, MADV_HUGEPAGE);
+  if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
+  file_size_ = offset + bytes;
+  slices_.push_back({addr, bytes, true});
+  return addr;
+}
+
+void* KtWeightArena::alloc_anonymous(int64_t n) {
+  void* p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
+  if (!p) throw std::bad_alloc();
+  slices_.push_back({p, n, false});
+  return p;
+}
+
+void KtWeightArena::record_fallback(const std::string& reason) {
+  stats_.fallbacks += 1;
+  stats_.fallback_reasons.push_back(reason);
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  auto& t = totals().stats;
+  t.fallbacks += 1;
+  for (const auto& r : t.fallback_reasons)
+    if (r == reason) return;
+  t.fallback_reasons.push_back(reason);
+}
+
+void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
+  if (n <= 0) n = 1;
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* p = nullptr;
+  if (!anonymous_mode()) {
+    std::string error = open_error_;
+    if (fd_ >= 0) p = map_slice(n, &error);
+    if (!p) record_fallback("arena '" + name_ + "': " + error + "; using anonymous memory");
+  }
+  const bool in_file = p != nullptr;
+  if (!p) p = alloc_anonymous(n);
+  if (file_backed) *file_backed = in_file;
+  stats_.allocations += 1;
+  (in_file ? stats_.file_backed_bytes : stats_.anon_bytes) += n;
+  std::lock_guard<std::mutex> total_lock(totals().mutex);
+  totals().stats.allocations += 1;
+  (in_file ? totals().stats.file_backed_bytes : totals().stats.anon_bytes) += n;
+  return p;
+}
+
+bool KtWeightArena::writeback(bool wait, std::string* error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (fd_ < 0 || file_size_ == 0) return true;
+  const unsigned flags = SYNC_FILE_RANGE_WRITE |
+                         (wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WAIT_AFTER : 0u);
+  if (::sync_file_range(fd_, 0, file_size_, flags) != 0) {
+    if (error) *error = errno_text("sync_file_range");
+    return false;
+  }
+  return true;
+}
+
+std::string KtWeightArena::warn_once() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (warned_ || stats_.fallback_reasons.empty()) return "";
+  warned_ = true;
+  return stats_.fallback_reasons.front();
+}
+
+int64_t KtWeightArena::file_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return file_size_;
+}
+
+ArenaStats KtWeightArena::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+ProcessArenaStats KtWeightArena::process_stats() {
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  return totals().stats;
+}
+
+}  // namespace ktmoe

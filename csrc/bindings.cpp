@@ -1,0 +1,123 @@
+// Binds the C++ side to torch and Python: every ktmoe op (schema + CPU kernel)
+// and the Python module torch_ktmoe._C (arenas, ISA selection, statistics).
+#include <torch/extension.h>
+
+#include <chrono>
+
+#include "arena/numa_first_touch.h"
+#include "arena/weight_arena.h"
+#include "common/cpu_features.h"
+#include "kernels/isa_kernels.h"
+#include "ops/arena_registry.h"
+#include "ops/isa_dispatch.h"
+#include "ops/ops.h"
+
+TORCH_LIBRARY(ktmoe, m) {
+  // Fused MoE forward over packed experts (format read from the packed headers).
+  m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2) -> Tensor");
+  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) in an arena.
+  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, str arena) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
+  m.impl("moe_forward", &ktmoe::moe_forward);
+  m.impl("pack_experts", &ktmoe::pack_experts);
+}
+
+namespace {
+
+namespace py = pybind11;
+
+py::dict arena_stats_dict(const ktmoe::ArenaStats& s) {
+  py::dict d;
+  d["allocations"] = s.allocations;
+  d["file_backed_bytes"] = s.file_backed_bytes;
+  d["anon_bytes"] = s.anon_bytes;
+  d["fallbacks"] = s.fallbacks;
+  d["fallback_reasons"] = s.fallback_reasons;
+  return d;
+}
+
+// The Python face of an arena: its key (for ops) and the shared_ptr (lifetime).
+struct PyArena {
+  std::shared_ptr<ktmoe::KtWeightArena> arena;
+  std::string key;
+};
+
+// Sums `bytes` of buf on every thread of ATen's pool with 512-bit loads and
+// returns GB/s of the best of `repeats` passes (the benchmarks' read roof).
+double stream_read_gbps(int64_t bytes, int64_t repeats) {
+  TORCH_CHECK(ktmoe::cpu_features().avx512, "stream_read_gbps needs AVX-512");
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = (bytes / threads + 4095) / 4096 * 4096;
+  at::Tensor buf = at::ones({threads * chunk}, at::kByte);
+  const uint8_t* base = buf.data_ptr<uint8_t>();
+  double best = 0;
+  std::vector<float> sink(threads);
+  for (int64_t r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sink[i] += ktmoe::stream_read_avx512(base + i * chunk, chunk);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(threads * chunk) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_ktmoe native extension: ktmoe ops, weight arenas, ISA selection";
+
+  py::class_<PyArena>(m, "WeightArena")
+      .def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node) {
+             ktmoe::ArenaOptions options;
+             options.hugepage = hugepage;
+             options.numa_node = numa_node;
+             PyArena a;
+             a.arena = ktmoe::open_registered_arena(dir, name, options, &a.key);
+             return a;
+           }),
+           py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1)
+      .def("empty", [](const PyArena& a, std::vector<int64_t> sizes) {
+             return ktmoe::arena_empty(a.arena, sizes, /*warn=*/false);
+           },
+           py::arg("sizes"), py::call_guard<py::gil_scoped_release>(),
+           "uint8 tensor of `sizes` in arena memory (keeps the arena alive); thread-safe")
+      .def("take_warning", [](const PyArena& a) { return a.arena->warn_once(); },
+           "the first fallback reason, once (then '')")
+      .def("writeback", [](const PyArena& a, bool wait) {
+             std::string error;
+             if (!a.arena->writeback(wait, &error)) throw std::runtime_error(error);
+           },
+           py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+           "push dirty pages of the backing file to disk (clean, reclaimable page cache)")
+      .def_property_readonly("key", [](const PyArena& a) { return a.key; })
+      .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
+      .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })
+      .def_property_readonly("file_mode", [](const PyArena& a) { return a.arena->file_mode(); })
+      .def_property_readonly("open_error", [](const PyArena& a) { return a.arena->open_error(); })
+      .def_property_readonly("file_bytes", [](const PyArena& a) { return a.arena->file_bytes(); })
+      .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
+
+  m.def("process_arena_stats", [] {
+    const ktmoe::ProcessArenaStats s = ktmoe::KtWeightArena::process_stats();
+    py::dict d;
+    d["arenas"] = s.arenas;
+    d["allocations"] = s.allocations;
+    d["file_backed_bytes"] = s.file_backed_bytes;
+    d["anon_bytes"] = s.anon_bytes;
+    d["fallbacks"] = s.fallbacks;
+    d["fallback_reasons"] = s.fallback_reasons;
+    return d;
+  });
+  m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
+        py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
+  m.def("set_isa", &ktmoe::set_isa, py::arg("name"));
+  m.def("active_isa", [] { return std::string(ktmoe::active_isa().name); });
+  m.def("available_isas", &ktmoe::available_isas);
+  m.def("default_isa", &ktmoe::default_isa);
+  m.def("numa_node_count", &ktmoe::numa_node_count);
+  m.def("stream_read_gbps", &stream_read_gbps, py::arg("bytes"), py::arg("repeats") = 5);
+}

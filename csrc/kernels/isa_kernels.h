@@ -1,0 +1,67 @@
+// [NOTE] The micro-kernel table: what one ISA provides to the MoE driver.
+//
+// Every ISA (generic, avx2, avx512) fills one IsaKernels. The driver
+// (moe_driver.cpp) owns routing, scratch and threading and calls only these
+// functions, so an ISA is a set of small, separately compiled, torch-free
+// functions over the layout of packed_format.h. generic is always built and is
+// the oracle the others are tested against.
+//
+// Conventions: a "row" is one token's activations, padded to header.kp with
+// zeros. gemm_* computes, for rows m < M and the output columns of packed blocks
+// [b0, b1) of matrix w:
+//     c[m * ldc + j] = Σ_k a[m][k] · W[16*b0 + j][k]       j < 16*(b1 - b0)
+// fully dequantized (all scales applied), fp32, overwriting c. It must give the
+// same bits whatever (b0, b1) split or thread calls it (no cross-call state).
+#pragma once
+#include <cstdint>
+
+#include "kernels/packed_format.h"
+
+namespace ktmoe {
+
+// int8 activations of M rows (see packed_format.h): q [M, ldq] signed, kp used;
+// scale [M]; gsum [M, gsum_ld] with kp / group sums per row.
+struct QuantizedRows {
+  const int8_t* q;
+  int64_t ldq;
+  const float* scale;
+  const int32_t* gsum;
+  int64_t gsum_ld;
+};
+
+struct IsaKernels {
+  const char* name;  // "generic", "avx2", "avx512"
+
+  // a: bf16 rows [M, lda] (lda >= kp).
+  void (*gemm_bf16)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
+                    int64_t b0, int64_t b1, float* c, int64_t ldc);
+  void (*gemm_int8)(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m,
+                    int64_t b0, int64_t b1, float* c, int64_t ldc);
+  void (*gemm_int4)(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m,
+                    int64_t b0, int64_t b1, float* c, int64_t ldc);
+
+  // h[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < n.
+  void (*silu_mul)(const float* gate, const float* up, float* h, int64_t n);
+
+  // Quantize M rows of x [M, ldx] (k valid columns) to int8: scale[m] = max|x|/127
+  // (1 if the row is all zero), q[m][c] = round-half-away(x/scale) for c < k, 0 for
+  // k <= c < kp; gsum[m][G] = Σ q over columns [G*group, (G+1)*group), G < kp/group.
+  void (*quantize_rows)(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp,
+                        int64_t group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,
+                        int64_t gsum_ld);
+
+  // y[i] = bf16(x[i]) with round-to-nearest-even (NaN stays NaN), i < n.
+  void (*to_bf16)(const float* x, uint16_t* y, int64_t n);
+};
+
+// Tables, defined in generic/, avx2/, avx512/. The avx2/avx512 ones are compiled
+// with their ISA flags and must only be *called* after cpu_features says so.
+const IsaKernels& generic_kernels();
+const IsaKernels& avx2_kernels();
+const IsaKernels& avx512_kernels();
+
+// Stream-read bandwidth probe (the read roof of benchmarks): sums `bytes` bytes
+// of `buf` with the widest loads of the ISA; returns the sum so it is not elided.
+float stream_read_avx512(const void* buf, int64_t bytes);
+
+}  // namespace ktmoe

@@ -1,0 +1,47 @@
+// [NOTE] The MoE forward driver: routing, scratch and threading over a micro-kernel table.
+//
+// out[t] = Σ_j w[t,j] · down_e( silu(gate_e(x_t)) ⊙ up_e(x_t) ),  e = ids[t,j];
+// ids < 0 are skipped; ids >= E must be rejected by the caller (ops layer).
+//
+// Phases, each a parallel loop over independent work items, so the result is the
+// same bits for any thread count:
+//   1. activations: x -> bf16 rows (kBF16) or int8 rows + scales + group sums;
+//      gather each active expert's tokens into a contiguous block;
+//   2. gate/up: items (expert, pair of blocks) -> h = silu(gate) ⊙ up, fp32;
+//      then h -> bf16 / int8 rows per (expert, token);
+//   3. down: items (expert, range of blocks) -> y, one slot per (t, j);
+//   4. combine: out[t] = Σ_j w[t,j] · y[t,j] in j order, written in out's dtype.
+// Decode (few tokens) splits every expert's blocks over all threads; prefill
+// (many tokens) runs blocked GEMMs per (expert, block range) over all its tokens.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+
+// parallel_for(n, grain, body): run body(begin, end) over a partition of [0, n).
+using ParallelFor =
+    std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>&)>;
+
+struct MoeProblem {
+  int64_t tokens;        // T
+  int64_t hidden;        // H
+  int64_t top_k;         // k
+  int64_t num_experts;   // E
+  const void* x;         // [T, H] contiguous, bf16 (x_is_bf16) or fp32
+  bool x_is_bf16;
+  const int64_t* ids;    // [T, k] contiguous
+  const float* weights;  // [T, k] contiguous
+  const uint8_t* w13;    // [E, w13_stride] packed kGateUp matrices, n = 2I, k = H
+  int64_t w13_stride;
+  const uint8_t* w2;     // [E, w2_stride] packed kDown matrices, n = H, k = I
+  int64_t w2_stride;
+  void* out;             // [T, H] contiguous, same dtype as x
+};
+
+// Runs the forward. Assumes the caller validated shapes, formats and ids.
+void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for);
+
+}  // namespace ktmoe

@@ -1,0 +1,110 @@
+// [NOTE] Packed expert weights: the one layout every ISA path reads.
+//
+// One packed *matrix* is one expert's dense weight W [n, k] (n outputs, k inputs,
+// row-major, the nn.Linear layout). It is stored as a self-describing blob:
+//
+//   [PackedMatrixHeader: 64 bytes][data ... aligned 64][scales ... aligned 64]
+//
+// The blob of every expert of a layer has the same size (header.total_bytes), so a
+// layer's matrix is a uint8 tensor [E, total_bytes]: row e is expert e. The layout
+// is described by the header (format, role, sizes), never by flags passed around.
+//
+// Padding. np = round_up(n, 16), kp = round_up(k, 32). Padded weights are 0, so a
+// padded activation column may hold anything finite only where the weight is 0;
+// kernels still zero-fill padded activation columns.
+//
+// Column blocks. Outputs are grouped in blocks of 16 consecutive columns
+// (block b = outputs 16b .. 16b+15). Block b's data is contiguous and blocks are
+// stored in order; inside a block the K dimension is the outer loop.
+//
+// Role kGateUp (the fused gate/up matrix of an expert, HF gate_up_proj [2I, H]):
+//   n = 2*I, ip = round_up(I, 16), np = 2*ip. Blocks are interleaved
+//   gate-block 0, up-block 0, gate-block 1, up-block 1, ...: packed block 2j holds
+//   gate rows 16j..16j+15 and packed block 2j+1 holds up rows 16j..16j+15
+//   (HF rows I+16j .. I+16j+15). So one pair of adjacent blocks gives everything
+//   needed for 16 columns of silu(gate) * up.
+// Role kDown / kPlain: block b holds rows 16b .. 16b+15 of W.
+//
+// Formats (value of a weight w[n][k]):
+//
+//  kBF16  data: per block, kp/2 "k-pairs", each 16 columns x 2 bf16 (64 bytes):
+//         bf16 at byte offset  block*(kp*32) + (k/2)*64 + (n%16)*4 + (k%2)*2
+//         (the VNNI pair layout vdpbf16ps reads). No scales. Activations: bf16.
+//
+//  kINT8  per-output-channel symmetric: s[n] = max_k |w[n][k]| / 127,
+//         wq = round(w / s) in [-127, 127], stored *unsigned* as u = wq + 128 (u8).
+//         data: per block, kp/4 "k-quads", each 16 columns x 4 u8 (64 bytes):
+//         u8 at byte offset  block*(kp*16) + (k/4)*64 + (n%16)*4 + (k%4)
+//         (the layout vpdpbusd reads). scales: float s[np] (0 for padded rows).
+//         w = s[n] * (u - 128).
+//
+//  kINT4  group-wise asymmetric, group size g = header.group (a multiple of 32; 32
+//         by default) along k: for group G of row n, lo = min, hi = max of the
+//         group (an MSE search shrinks [lo, hi] by factors 1.0, 0.95, 0.9, 0.85,
+//         0.8 and keeps the best), d = (hi - lo) / 15, q = clamp(round((w-lo)/d), 0, 15).
+//         w = d * q + lo. d and lo are stored as bf16 and the rounding above
+//         uses the bf16-rounded d and lo.
+//         data: per block, kp/8 "k-octets" of 64 bytes. Byte (n%16)*4 + (k%4) of
+//         octet j holds quad 2j (k = 8j + k%4) in its low nibble and quad 2j+1
+//         (k = 8j + 4 + k%4) in its high nibble. Block stride kp*8 bytes.
+//         scales: per block, per group: 16 bf16 d then 16 bf16 lo (64 bytes):
+//         at scale byte offset  (block*(kp/g) + k/g)*64 + {0: d, 32: lo} + (n%16)*2.
+//
+// Activations for kINT8 / kINT4 are int8 per row (token): sx = max|x| / 127,
+// xq = round(x / sx) (signed), plus per-group sums of xq (group = header.group;
+// for kINT8 group = kp, one sum). Then
+//   kINT8:  y[n] = sx * s[n] * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT4:  y[n] = sx * Σ_G ( d[n,G]·Σ_{k∈G} q·xq + lo[n,G]·Σ_{k∈G} xq )
+// Integer dot products are exact (int32), so every ISA path gives the same
+// integers; only the float epilogue may differ in rounding.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace ktmoe {
+
+enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2 };
+enum class MatrixRole : uint8_t { kPlain = 0, kGateUp = 1, kDown = 2 };
+
+constexpr uint32_t kPackedMagic = 0x574D544Bu;  // "KTMW" little-endian
+constexpr uint16_t kPackedVersion = 1;
+constexpr int64_t kBlockN = 16;  // output columns per block
+constexpr int64_t kAlignK = 32;  // kp is a multiple of this
+constexpr int64_t kDefaultInt4Group = 32;
+
+struct PackedMatrixHeader {
+  uint32_t magic;        // kPackedMagic
+  uint16_t version;      // kPackedVersion
+  uint8_t format;        // WeightFormat
+  uint8_t role;          // MatrixRole
+  int32_t n, k;          // logical rows (outputs) and columns (inputs)
+  int32_t np, kp;        // padded: np multiple of 16 (2*round_up(I,16) for kGateUp), kp of 32
+  int32_t group;         // kINT4: group size; kINT8: kp; kBF16: 0
+  int32_t reserved;      // 0
+  int64_t data_offset;   // bytes from the header start to the data (64)
+  int64_t scale_offset;  // bytes from the header start to the scales (0: none)
+  int64_t total_bytes;   // whole blob, a multiple of 64: the row stride of [E, total_bytes]
+  uint8_t pad[8];
+};
+static_assert(sizeof(PackedMatrixHeader) == 64, "packed header must be 64 bytes");
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Bytes of one block's data for a format (kp = padded k).
+inline int64_t block_data_bytes(WeightFormat f, int64_t kp) {
+  switch (f) {
+    case WeightFormat::kBF16: return kp * kBlockN * 2;
+    case WeightFormat::kINT8: return kp * kBlockN;
+    case WeightFormat::kINT4: return kp * kBlockN / 2;
+  }
+  return 0;
+}
+
+inline const uint8_t* packed_data(const PackedMatrixHeader* h) {
+  return reinterpret_cast<const uint8_t*>(h) + h->data_offset;
+}
+inline const uint8_t* packed_scales(const PackedMatrixHeader* h) {
+  return h->scale_offset ? reinterpret_cast<const uint8_t*>(h) + h->scale_offset : nullptr;
+}
+
+}  // namespace ktmoe

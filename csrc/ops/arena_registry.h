@@ -1,0 +1,30 @@
+// Arenas reachable from ops by a string key, and tensors that view arena memory.
+//
+// Ops take an arena as its key (a plain string argument: opcheck and
+// torch.compile handle strings, not handles). A tensor allocated here holds a
+// shared_ptr to its arena in its deleter, so the memory lives exactly as long
+// as any tensor using it, whatever order Python drops things in.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "arena/weight_arena.h"
+
+namespace ktmoe {
+
+// Registers a new arena and returns it with its key set.
+std::shared_ptr<KtWeightArena> open_registered_arena(const std::string& dir, const std::string& name,
+                                                     const ArenaOptions& options, std::string* key);
+
+// The live arena with this key; throws a clear error if it is gone or unknown.
+std::shared_ptr<KtWeightArena> find_arena(const std::string& key);
+
+// A uint8 tensor of `sizes` (row-major, contiguous) in arena memory. An empty
+// key means the default CPU allocator. With warn, the arena's first fallback
+// becomes a TORCH_WARN (a Python warning when called through torch.ops).
+at::Tensor arena_empty(const std::string& key, at::IntArrayRef sizes);
+at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes, bool warn);
+
+}  // namespace ktmoe

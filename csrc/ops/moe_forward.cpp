@@ -1,0 +1,114 @@
+// [NOTE] ktmoe::moe_forward: the ATen side of the fused MoE forward.
+//
+// out[t] = Σ_j topk_weights[t,j] · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t)), e = topk_ids[t,j];
+// ids < 0 are skipped, ids >= E are an error. The packed weights describe their
+// own format (packed_format.h headers), so the op takes no format argument.
+// Order: checks -> shapes -> scratch (normalised inputs, output) -> dispatch to
+// the torch-free driver with the active ISA's micro-kernels and ATen's pool.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+#include "kernels/moe_driver.h"
+#include "kernels/packed_format.h"
+#include "ops/isa_dispatch.h"
+#include "ops/ops.h"
+#include "ops/weight_format.h"
+
+namespace ktmoe {
+namespace {
+
+// Validates a packed [E, bytes] tensor and returns expert 0's header (all equal).
+const PackedMatrixHeader& check_packed(const at::Tensor& w, const char* name, MatrixRole role) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2,
+              "ktmoe::moe_forward: ", name, " must be a packed uint8 CPU tensor [E, bytes] from ",
+              "ktmoe::pack_experts, got ", w.scalar_type(), " ", w.sizes());
+  TORCH_CHECK(w.size(0) > 0 && w.size(1) >= int64_t(sizeof(PackedMatrixHeader)) && w.stride(1) == 1 &&
+                  w.stride(0) == w.size(1) && w.size(1) % 64 == 0,
+              "ktmoe::moe_forward: ", name, " must be a contiguous [E, bytes] packed tensor, got ",
+              w.sizes(), " strides ", w.strides());
+  const auto* base = w.data_ptr<uint8_t>();
+  const auto* h = reinterpret_cast<const PackedMatrixHeader*>(base);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(base) % 64 == 0, "ktmoe::moe_forward: ", name,
+              " must be 64-byte aligned");
+  TORCH_CHECK(h->magic == kPackedMagic && h->version == kPackedVersion, "ktmoe::moe_forward: ",
+              name, " is not packed expert data (bad header magic/version)");
+  TORCH_CHECK(h->role == uint8_t(role), "ktmoe::moe_forward: ", name, " holds packed ",
+              h->role == uint8_t(MatrixRole::kGateUp) ? "gate_up" : "down",
+              " weights in the wrong argument position");
+  TORCH_CHECK(h->total_bytes == w.size(1), "ktmoe::moe_forward: ", name, " rows are ", w.size(1),
+              " bytes but the header says ", h->total_bytes);
+  for (int64_t e = 1; e < w.size(0); ++e)
+    TORCH_CHECK(std::memcmp(base + e * w.size(1), h, sizeof(PackedMatrixHeader)) == 0,
+                "ktmoe::moe_forward: ", name, " expert ", e, " has a header that differs from expert 0");
+  return *h;
+}
+
+}  // namespace
+
+at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
+                       const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2) {
+  // checks
+  TORCH_CHECK(hidden_states.device().is_cpu(), "ktmoe::moe_forward: hidden_states must be on CPU");
+  TORCH_CHECK(hidden_states.scalar_type() == at::kBFloat16 || hidden_states.scalar_type() == at::kFloat,
+              "ktmoe::moe_forward: hidden_states must be bfloat16 or float32, got ",
+              hidden_states.scalar_type());
+  TORCH_CHECK(hidden_states.dim() == 2, "ktmoe::moe_forward: hidden_states must be [T, H], got ",
+              hidden_states.sizes());
+  TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong,
+              "ktmoe::moe_forward: topk_ids must be int32 or int64, got ", topk_ids.scalar_type());
+  TORCH_CHECK(topk_weights.scalar_type() == at::kFloat || topk_weights.scalar_type() == at::kBFloat16,
+              "ktmoe::moe_forward: topk_weights must be float32 or bfloat16, got ",
+              topk_weights.scalar_type());
+  const int64_t tokens = hidden_states.size(0), hidden = hidden_states.size(1);
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == tokens,
+              "ktmoe::moe_forward: topk_ids must be [T, k] with T = ", tokens, ", got ", topk_ids.sizes());
+  TORCH_CHECK(topk_weights.sizes() == topk_ids.sizes(), "ktmoe::moe_forward: topk_weights ",
+              topk_weights.sizes(), " must have the shape of topk_ids ", topk_ids.sizes());
+  const PackedMatrixHeader& h13 = check_packed(w13, "w13", MatrixRole::kGateUp);
+  const PackedMatrixHeader& h2 = check_packed(w2, "w2", MatrixRole::kDown);
+  // shapes
+  const int64_t experts = w13.size(0), inter = h13.n / 2;
+  TORCH_CHECK(w2.size(0) == experts, "ktmoe::moe_forward: w13 has ", experts, " experts but w2 has ",
+              w2.size(0));
+  TORCH_CHECK(h13.format == h2.format, "ktmoe::moe_forward: w13 is ",
+              weight_format_name(WeightFormat(h13.format)), " but w2 is ",
+              weight_format_name(WeightFormat(h2.format)));
+  TORCH_CHECK(h13.k == hidden, "ktmoe::moe_forward: hidden_states has H = ", hidden,
+              " but the packed experts were packed for H = ", h13.k);
+  TORCH_CHECK(h2.n == hidden && h2.k == inter, "ktmoe::moe_forward: w2 is packed for [H, I] = [",
+              h2.n, ", ", h2.k, "] but w13 implies [", hidden, ", ", inter, "]");
+  at::Tensor out = at::empty({tokens, hidden}, hidden_states.options());
+  if (tokens == 0) return out;
+  if (topk_ids.size(1) == 0) return out.zero_();
+  // scratch: normalised inputs
+  const at::Tensor x = hidden_states.contiguous();
+  const at::Tensor ids = topk_ids.to(at::kLong).contiguous();
+  const at::Tensor weights = topk_weights.to(at::kFloat).contiguous();
+  const auto ids_max = ids.max().item<int64_t>();
+  TORCH_CHECK(ids_max < experts, "ktmoe::moe_forward: topk_ids holds expert id ", ids_max,
+              " but the packed weights have only ", experts, " experts (ids must be < ", experts,
+              "; negative ids mean 'skip')");
+  // dispatch
+  MoeProblem p;
+  p.tokens = tokens;
+  p.hidden = hidden;
+  p.top_k = ids.size(1);
+  p.num_experts = experts;
+  p.x = x.data_ptr();
+  p.x_is_bf16 = x.scalar_type() == at::kBFloat16;
+  p.ids = ids.data_ptr<int64_t>();
+  p.weights = weights.data_ptr<float>();
+  p.w13 = w13.data_ptr<uint8_t>();
+  p.w13_stride = w13.size(1);
+  p.w2 = w2.data_ptr<uint8_t>();
+  p.w2_stride = w2.size(1);
+  p.out = out.data_ptr();
+  moe_forward(p, active_isa(), [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+    at::parallel_for(0, n, grain, body);
+  });
+  return out;
+}
+
+}  // namespace ktmoe

@@ -1,0 +1,26 @@
+// ATen entry points of the ktmoe ops (registered in bindings.cpp).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace ktmoe {
+
+// hidden_states [T, H] bf16|fp32, topk_ids [T, k] int32|int64, topk_weights [T, k]
+// fp32|bf16, w13 [E, B13] uint8 (packed gate_up), w2 [E, B2] uint8 (packed down)
+// -> [T, H], dtype of hidden_states.
+at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
+                       const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2);
+
+// gate_up [E, 2I, H] (or gate [E, I, H] with up [E, I, H]), down [E, H, I]
+// -> (w13 [E, B13], w2 [E, B2]) uint8, in the arena with key `arena` ("" = heap).
+std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
+                                                const c10::optional<at::Tensor>& up,
+                                                const at::Tensor& down, c10::string_view weight_format,
+                                                int64_t group_size, c10::string_view arena);
+
+// Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
+int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,
+                            int64_t k, int64_t group_size);
+
+}  // namespace ktmoe

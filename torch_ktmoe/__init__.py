@@ -1,0 +1,19 @@
+"""torch_ktmoe: fast CPU Mixture-of-Experts kernels with file-backed expert weights.
+
+* ``torch.ops.ktmoe.moe_forward`` / ``torch.ops.ktmoe.pack_experts`` — the ops;
+* :class:`KTMoE` — an ``nn.Module`` over packed experts (``mmap_experts_dir=``
+  keeps them in reclaimable ``MAP_SHARED`` files);
+* :func:`memory_report` — anonymous vs file RSS and arena statistics;
+* ``torch_ktmoe.hf`` — the Hugging Face drop-in (imported on demand).
+"""
+from ._native import _C
+from . import ops  # noqa: F401  (registers the fake kernels)
+from .arena import ArenaFallbackWarning, WeightArena
+from .isa import active_isa, available_isas, set_isa
+from .layer import KTMoE
+from .memory import memory_report
+
+__version__ = "0.1.0"
+
+__all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "set_isa", "active_isa", "available_isas",
+           "__version__"]

@@ -1,0 +1,46 @@
+"""WeightArena: where packed expert weights live (anonymous or MAP_SHARED file)."""
+import os
+import warnings
+
+import torch
+
+from ._native import _C
+
+
+class ArenaFallbackWarning(UserWarning):
+    """A file-backed arena had to use anonymous memory (the reason is the message)."""
+
+
+class WeightArena(_C.WeightArena):
+    """An allocator for packed weights; one per (layer, NUMA part).
+
+    ``WeightArena(None, name)`` is anonymous: plain 64-byte-aligned heap memory.
+    ``WeightArena(dir, name)`` keeps allocations in one ``MAP_SHARED`` file created
+    (and unlinked at once) under ``dir``: 2 MiB-aligned slices whose space is
+    reserved with ``fallocate`` before anything is written. A directory that
+    cannot serve (missing, unwritable, tmpfs/hugetlbfs, full, bad name) makes
+    each allocation fall back to anonymous memory; the first fallback warns
+    (:class:`ArenaFallbackWarning`) and ``stats()`` lists every reason.
+
+    Memory lives as long as any tensor allocated from the arena.
+    """
+
+    def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1):
+        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node)
+
+    def empty(self, *sizes) -> torch.Tensor:
+        """A uint8 tensor of ``sizes`` in arena memory (thread-safe)."""
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = tuple(sizes[0])
+        t = super().empty([int(s) for s in sizes])
+        reason = self.take_warning()
+        if reason:
+            warnings.warn(reason, ArenaFallbackWarning, stacklevel=2)
+        return t
+
+    def __repr__(self):
+        mode = f"file in {self.dir!r}" if self.file_mode else (
+            "anonymous" if not self.dir else f"anonymous fallback ({self.open_error})")
+        s = self.stats()
+        return (f"WeightArena({self.name!r}, {mode}, allocations={s['allocations']}, "
+                f"file_backed={s['file_backed_bytes']}, anon={s['anon_bytes']}, fallbacks={s['fallbacks']})")

@@ -1,0 +1,57 @@
+"""Typed Python wrappers of the ktmoe ops, with the fake (meta) kernel of each.
+
+The fake kernels let ``torch.compile`` and ``opcheck`` trace the ops without
+running them: they only compute output shapes and dtypes.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from ._native import _C
+
+WEIGHT_FORMATS = ("bf16", "int8", "int4")
+
+
+def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Fused MoE forward over packed experts.
+
+    hidden_states [T, H] bf16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
+    topk_weights [T, k] fp32|bf16, w13 / w2 from :func:`pack_experts`
+    -> [T, H] in the dtype of hidden_states.
+    """
+    return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2)
+
+
+def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str = "bf16", *,
+                 up: Optional[torch.Tensor] = None, group_size: int = 0,
+                 arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pack dense experts into the kernel layout.
+
+    gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
+    ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
+    -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
+    ``group_size``: int4 group along the input dimension (0: 32).
+    """
+    return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size,
+                                        arena.key if arena is not None else "")
+
+
+@torch.library.register_fake("ktmoe::moe_forward")
+def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2):
+    torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
+    torch._check(hidden_states.dtype in (torch.bfloat16, torch.float32),
+                 lambda: "hidden_states must be bfloat16 or float32")
+    torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
+                 lambda: "topk_ids and topk_weights must be [T, k]")
+    return hidden_states.new_empty(hidden_states.shape)
+
+
+@torch.library.register_fake("ktmoe::pack_experts")
+def _pack_experts_fake(gate_up, up, down, weight_format, group_size, arena):
+    experts, hidden = gate_up.shape[0], gate_up.shape[2]
+    inter = gate_up.shape[1] if up is not None else gate_up.shape[1] // 2
+    b13 = _C.packed_matrix_bytes(weight_format, "gate_up", 2 * inter, hidden, group_size)
+    b2 = _C.packed_matrix_bytes(weight_format, "down", hidden, inter, group_size)
+    return (gate_up.new_empty((experts, b13), dtype=torch.uint8),
+            gate_up.new_empty((experts, b2), dtype=torch.uint8))
