@@ -9,6 +9,7 @@ Two kinds of sources:
   BuildExtension (ninja) and linked with the objects above.
 Objects are rebuilt only when a source or a header it includes changed.
 """
+import json
 import os
 import shlex
 import subprocess
@@ -22,12 +23,8 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 
-# The one place ISA flags are defined (tests/test_native_kernels.py reads it too).
-ISA_FLAGS = {
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
-               "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
-}
+# Flags per ISA directory: csrc/isa_flags.json (tests/test_native_kernels.py reads it too).
+ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
 TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
 
 

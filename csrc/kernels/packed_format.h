@@ -9,9 +9,10 @@
 // layer's matrix is a uint8 tensor [E, total_bytes]: row e is expert e. The layout
 // is described by the header (format, role, sizes), never by flags passed around.
 //
-// Padding. np = round_up(n, 16), kp = round_up(k, 32). Padded weights are 0, so a
-// padded activation column may hold anything finite only where the weight is 0;
-// kernels still zero-fill padded activation columns.
+// Padding. np = round_up(n, 16), kp = round_up(k, 32) (kINT4: round_up(k, group),
+// so groups tile kp). Padded weights are 0 (kINT8: u = 128; kINT4: a padded column
+// of a partial group decodes to lo), so kernels zero-fill padded activation
+// columns, which makes every padded term vanish.
 //
 // Column blocks. Outputs are grouped in blocks of 16 consecutive columns
 // (block b = outputs 16b .. 16b+15). Block b's data is contiguous and blocks are
@@ -78,7 +79,7 @@ struct PackedMatrixHeader {
   uint8_t format;        // WeightFormat
   uint8_t role;          // MatrixRole
   int32_t n, k;          // logical rows (outputs) and columns (inputs)
-  int32_t np, kp;        // padded: np multiple of 16 (2*round_up(I,16) for kGateUp), kp of 32
+  int32_t np, kp;        // padded: np multiple of 16 (2*round_up(I,16) for kGateUp), kp of 32 and group
   int32_t group;         // kINT4: group size; kINT8: kp; kBF16: 0
   int32_t reserved;      // 0
   int64_t data_offset;   // bytes from the header start to the data (64)

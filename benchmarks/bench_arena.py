@@ -1,0 +1,102 @@
+"""Weight arena: anonymous vs file-backed, with and without MADV_HUGEPAGE.
+
+Run: python -m benchmarks.bench_arena [--gib 1] [--slice-mib 16] [--repeats 3]
+
+Per mode, for --gib GiB in slices of --slice-mib MiB: allocation time, first write
+(the packing pass) GB/s, anonymous / file RSS growth (memory_report), warm read
+GB/s, cold read GB/s after the page cache is dropped (root only: refaults from
+disk) and FilePmdMapped (file pages mapped 2 MiB at a time). Medians of repeats.
+Prints a markdown table and writes benchmarks/results/bench_arena.json.
+"""
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import torch_ktmoe
+from torch_ktmoe import WeightArena, _C
+from torch_ktmoe.memory import _smaps_rollup
+
+MiB = 1 << 20
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def one_run(directory, hugepage, total, slice_bytes):
+    gc.collect()
+    r0 = torch_ktmoe.memory_report()
+    arena = WeightArena(directory, "bench", hugepage=hugepage)
+    t0 = time.perf_counter()
+    slices = [arena.empty(slice_bytes) for _ in range(total // slice_bytes)]
+    t_alloc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i, s in enumerate(slices):
+        s.fill_(i & 0xFF)
+    t_write = time.perf_counter() - t0
+    arena.writeback()
+    r1 = torch_ktmoe.memory_report()
+    _C.stream_read_seconds(slices)  # warm
+    warm = min(_C.stream_read_seconds(slices) for _ in range(3))
+    pmd = _smaps_rollup().get("FilePmdMapped", 0)
+    cold = None
+    if directory is not None and drop_page_cache():
+        cold = _C.stream_read_seconds(slices)
+    row = {
+        "alloc_ms": t_alloc * 1e3,
+        "write_GBps": total / t_write / 1e9,
+        "anon_rss_growth_MiB": (r1["anon_rss_bytes"] - r0["anon_rss_bytes"]) / MiB,
+        "file_rss_growth_MiB": (r1["file_rss_bytes"] - r0["file_rss_bytes"]) / MiB,
+        "warm_read_GBps": total / warm / 1e9,
+        "cold_read_GBps": total / cold / 1e9 if cold else None,
+        "file_pmd_mapped_MiB": pmd / MiB,
+        "fallbacks": arena.stats()["fallbacks"],
+    }
+    del slices, arena
+    gc.collect()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--slice-mib", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="directory for the files (default: a temp dir under the repo)")
+    args = ap.parse_args()
+    total = int(args.gib * (1 << 30)) // (args.slice_mib * MiB) * (args.slice_mib * MiB)
+    base = args.dir or tempfile.mkdtemp(prefix="ktmoe-bench-", dir=os.getcwd())
+    modes = {"anonymous": (None, False), "file, MADV_HUGEPAGE": (base, True), "file, no hugepage": (base, False)}
+    results = {}
+    for name, (directory, huge) in modes.items():
+        runs = [one_run(directory, huge, total, args.slice_mib * MiB) for _ in range(args.repeats)]
+        results[name] = {k: (statistics.median(r[k] for r in runs) if runs[0][k] is not None else None)
+                         for k in runs[0]}
+    if args.dir is None:
+        os.rmdir(base)
+    cols = list(next(iter(results.values())))
+    print(f"\n{total / MiB:.0f} MiB in {args.slice_mib} MiB slices, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats}\n")
+    print("| mode | " + " | ".join(cols) + " |")
+    print("|" + " --- |" * (len(cols) + 1))
+    for name, row in results.items():
+        print(f"| {name} | " + " | ".join("-" if row[c] is None else f"{row[c]:.1f}" for c in cols) + " |")
+    os.makedirs("benchmarks/results", exist_ok=True)
+    with open("benchmarks/results/bench_arena.json", "w") as f:
+        json.dump({"bytes": total, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+// [NOTE] avx512 gemm_int8 / gemm_int4 over int8 activations (QuantizedRows):
+//   kINT8: c[m, j] = sx[m] * s[n] * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT4: c[m, j] = sx[m] * Σ_G ( d[n,G]·Σ_{k∈G} q·xq + lo[n,G]·Σ_{k∈G} xq )
+// with n = 16b + j (packed_format.h).
+//
+// One tile loop serves both formats (IntGemm<Fmt>): a register tile of MR rows x
+// NB blocks of int32 accumulators fed by vpdpbusd, the packed weights being the
+// unsigned u8 operand and 4 activation bytes broadcast as the signed s8 dword
+// ({1to16} memory operand). A "step" is one 64-byte zmm of a block:
+//   kINT8: a k-quad (4 k), one vpdpbusd per row;
+//   kINT4: a k-octet (8 k): low nibbles (and 0x0F) are quad 2j, high nibbles
+//          (shift 4, and 0x0F) quad 2j+1, two vpdpbusd per row.
+// The integer sums are exact (so their order is free); the float epilogue runs
+// once per int8 matrix and once per int4 group (convert, fma d, fma lo·Σxq into an
+// fp32 accumulator) in the same order for every column, so the bits do not
+// depend on the tile or the (b0, b1) split. int32 cannot overflow: |Σ u·xq| <=
+// 255·127·kp < 2^31 for kp < 66000, and the int8 correction is exact mod 2^32.
+//
+// Tiles: int8 like bf16 (NB = 4 -> MR <= 6, NB <= 2 -> MR <= 12); int4 holds an
+// fp32 accumulator per int32 one and unpacks one block at a time, so NB = 4 ->
+// MR <= 3, NB = 2 -> MR <= 6, NB = 1 -> MR <= 12. Tiny int4 tiles (MR·NB <= 4, i.e. decode) keep separate
+// accumulators for low and high nibbles so two vpdpbusd chains per column run
+// in parallel.
+#include <immintrin.h>
+
+#include "kernels/avx512/avx512_common.h"
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace avx512 {
+namespace {
+
+struct IntCtx {
+  const uint8_t* data;    // block 0 of the matrix
+  int64_t bstride;        // bytes per block
+  const uint8_t* scales;  // kINT8: float s[np]; kINT4: per (block, group) 16 d + 16 lo bf16
+  int64_t ngroups;        // kp / group
+  int64_t steps_per_group;
+  int64_t nsteps;         // steps of a block: kp / 4 (kINT8), kp / 8 (kINT4)
+  QuantizedRows a;
+  int64_t b0;
+  float* c;
+  int64_t ldc;
+};
+
+struct Int8Fmt {
+  static constexpr WeightFormat kFormat = WeightFormat::kINT8;
+  static constexpr int kKPerStep = 4;
+  static constexpr bool kOneGroup = true;  // group = kp: one epilogue
+  static constexpr int kMaxRows[5] = {0, 12, 12, 0, 6};
+  template <int MR, int NB>
+  static constexpr int kSets = 1;
+
+  template <int MR, int NB, int S, int kStride>
+  static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
+                          const ARows& a, int64_t s) {
+    __m512i wv[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + j * bstride + s * 64);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i xb = bcast32(a_at<kStride>(a, i, s, 4));
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[0][i][j] = _mm512_dpbusd_epi32(acc[0][i][j], wv[j], xb);
+    }
+  }
+
+  // y = (sx * s[n]) * float(Σ u·xq − 128·Σ xq)
+  static inline __m512 finish(__m512i acc, float sx, int32_t gsum, const IntCtx& x,
+                              int64_t block) {
+    const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(x.scales) + block * 16);
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(gsum * 128)));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), s), dot);
+  }
+};
+
+struct Int4Fmt {
+  static constexpr WeightFormat kFormat = WeightFormat::kINT4;
+  static constexpr int kKPerStep = 8;
+  static constexpr bool kOneGroup = false;
+  static constexpr int kMaxRows[5] = {0, 12, 6, 0, 3};
+  template <int MR, int NB>
+  static constexpr int kSets = MR * NB <= 4 ? 2 : 1;
+
+  template <int MR, int NB, int S, int kStride>
+  static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
+                          const ARows& a, int64_t s) {
+    // Block-outer: only one block's unpacked nibbles are live (registers go to
+    // the int32 + fp32 accumulators); the activation dwords are {1to16} operands.
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const __m512i v = _mm512_loadu_si512(w + j * bstride + s * 64);
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const uint8_t* xq = a_at<kStride>(a, i, s, 8);
+        acc[0][i][j] = _mm512_dpbusd_epi32(acc[0][i][j], lo, bcast32(xq));
+        acc[S - 1][i][j] = _mm512_dpbusd_epi32(acc[S - 1][i][j], hi, bcast32(xq + 4));
+      }
+    }
+  }
+
+  // facc += d · float(Σ q·xq), then facc += lo · float(Σ xq)
+  template <int MR, int NB>
+  static inline void group_end(__m512 (&facc)[MR][NB], const __m512i (&acc)[MR][NB],
+                               const IntCtx& x, const int32_t* gsum, int64_t gsum_ld,
+                               int64_t b, int64_t g) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const uint8_t* sc = x.scales + ((b + j) * x.ngroups + g) * 64;
+      const __m512 d = bf16x16_to_f32(sc);
+      const __m512 lo = bf16x16_to_f32(sc + 32);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512 gs = _mm512_set1_ps(static_cast<float>(gsum[i * gsum_ld + g]));
+        facc[i][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(acc[i][j]), facc[i][j]);
+        facc[i][j] = _mm512_fmadd_ps(lo, gs, facc[i][j]);
+      }
+    }
+  }
+
+
+};
+
+template <class F>
+struct IntGemm {
+  using Ctx = IntCtx;
+  static constexpr const int (&kMaxRows)[5] = F::kMaxRows;
+  static constexpr int64_t kABytesPerStep = F::kKPerStep;
+  // kChunkABytes of activations, rounded down to whole groups (at least one).
+  static int64_t chunk_steps(const Ctx& x) {
+    const int64_t g = x.steps_per_group, c = kChunkABytes / kABytesPerStep;
+    return c > g ? c / g * g : g;
+  }
+
+  template <int MR, int NB, int S>
+  static inline void zero(__m512i (&acc)[S][MR][NB]) {
+#pragma GCC unroll 2
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) acc[s][i][j] = _mm512_setzero_si512();
+  }
+
+  // steps [s0, s1) into acc[0] (the S accumulator sets are summed into set 0).
+  template <int MR, int NB, int S, int kStride>
+  static inline void steps(__m512i (&acc)[S][MR][NB], const uint8_t* w, const Ctx& x,
+                           const ARows& a, int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) F::template step<MR, NB, S, kStride>(acc, w, x.bstride, a, s);
+    if constexpr (S == 2) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[1][i][j]);
+    }
+  }
+
+  // Rows [m0, m0+MR) x blocks [b, b+NB) x steps [s0, s1). Partials between
+  // k-chunks live in c: int32 bits of Σ u·xq (kINT8), the fp32 group sum (kINT4).
+  template <int MR, int NB, int kStride>
+  static void tile(const Ctx& x, const ARows& a, int64_t m0, int64_t b, int64_t s0, int64_t s1) {
+    constexpr int S = F::template kSets<MR, NB>;
+    const uint8_t* w = x.data + b * x.bstride;
+    const int32_t* gsum = x.a.gsum + m0 * x.a.gsum_ld;
+    float* c = x.c + m0 * x.ldc + (b - x.b0) * 16;
+    const bool last = s1 == x.nsteps;
+
+    if constexpr (F::kOneGroup) {
+      __m512i acc[S][MR][NB];
+      zero(acc);
+      if (s0 > 0) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) acc[0][i][j] = _mm512_loadu_si512(c + i * x.ldc + j * 16);
+      }
+      steps<MR, NB, S, kStride>(acc, w, x, a, s0, s1);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          float* cij = c + i * x.ldc + j * 16;
+          if (last)
+            _mm512_storeu_ps(cij, F::finish(acc[0][i][j], x.a.scale[m0 + i], gsum[i * x.a.gsum_ld],
+                                            x, b + j));
+          else
+            _mm512_storeu_si512(cij, acc[0][i][j]);
+        }
+      }
+    } else {
+      __m512 facc[MR][NB];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j)
+          facc[i][j] = s0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * x.ldc + j * 16);
+      const int64_t spg = x.steps_per_group;
+      for (int64_t g = s0 / spg; g < s1 / spg; ++g) {
+        __m512i acc[S][MR][NB];
+        zero(acc);
+        steps<MR, NB, S, kStride>(acc, w, x, a, g * spg, (g + 1) * spg);
+        F::template group_end<MR, NB>(facc, acc[0], x, gsum, x.a.gsum_ld, b, g);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512 sx = _mm512_set1_ps(last ? x.a.scale[m0 + i] : 1.f);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j)  // y = sx * facc once all groups are in
+          _mm512_storeu_ps(c + i * x.ldc + j * 16, last ? _mm512_mul_ps(sx, facc[i][j]) : facc[i][j]);
+      }
+    }
+  }
+};
+
+template <class F>
+void gemm_int(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+              int64_t b1, float* c, int64_t ldc) {
+  const int64_t kp = w->kp;
+  const int64_t group = F::kOneGroup ? kp : w->group;
+  const IntCtx ctx{packed_data(w), block_data_bytes(F::kFormat, kp), packed_scales(w), kp / group,
+                   group / F::kKPerStep, kp / F::kKPerStep, a, b0, c, ldc};
+  run_tiles<IntGemm<F>>(ctx, reinterpret_cast<const uint8_t*>(a.q), a.ldq, m, b0, b1);
+}
+
+}  // namespace
+
+// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and one group sum per
+// row; c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  gemm_int<Int8Fmt>(w, a, m, b0, b1, c, ldc);
+}
+
+// w: kINT4 matrix (group = w->group); a: M int8 rows with kp / group sums per row.
+void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  gemm_int<Int4Fmt>(w, a, m, b0, b1, c, ldc);
+}
+
+}  // namespace avx512
+}  // namespace ktmoe

@@ -1,0 +1,32 @@
+// [NOTE] The avx512 micro-kernel table (AVX-512 F/BW/VL/DQ + BF16 + VNNI).
+//
+// Only collects the entry points; each lives in its own file:
+//   gemm_bf16_avx512.cpp   vdpbf16ps register tiles over the kBF16 pair layout
+//   gemm_int_avx512.cpp    vpdpbusd register tiles, shared by kINT8 and kINT4
+//   elementwise_avx512.cpp silu_mul, quantize_rows, to_bf16
+//   stream_read_avx512.cpp the read-bandwidth probe
+// Compiled with the AVX-512 flags; call only when cpu_features().avx512.
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace avx512 {
+void gemm_bf16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+void silu_mul(const float* gate, const float* up, float* h, int64_t n);
+void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
+                   int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);
+void to_bf16(const float* x, uint16_t* y, int64_t n);
+}  // namespace avx512
+
+const IsaKernels& avx512_kernels() {
+  static const IsaKernels table{"avx512",          avx512::gemm_bf16, avx512::gemm_int8,
+                                avx512::gemm_int4, avx512::silu_mul,  avx512::quantize_rows,
+                                avx512::to_bf16};
+  return table;
+}
+
+}  // namespace ktmoe

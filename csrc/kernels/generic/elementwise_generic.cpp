@@ -1,0 +1,57 @@
+// [NOTE] Generic element-wise kernels (portable C++17, the oracle):
+//   silu_mul       h = silu(gate) * up = gate / (1 + exp(-gate)) * up, fp32.
+//   quantize_rows  per row: scale = max|x| / 127 (1 if the row is all zero),
+//                  q = round-half-away-from-zero(x / scale) in [-127, 127], zero
+//                  padding to kp, and the int32 sums of q per group of columns.
+//   to_bf16        fp32 -> bf16, round-to-nearest-even, NaN stays (quiet) NaN.
+// Round-half-away is done as trunc + exact fraction test (v - trunc(v) is exact
+// in fp32), which is the same as std::round but vectorizes with SSE2.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/generic/bf16_scalar.h"
+#include "kernels/generic/generic_kernels.h"
+
+namespace ktmoe {
+namespace generic {
+
+// gate, up, h: [n] fp32.
+void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+// x: fp32 [m, ldx] (k valid columns); q: int8 [m, ldq] (kp written); scale: [m];
+// gsum: int32 [m, gsum_ld] (kp / group written).
+void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
+                   int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * ldx;
+    int8_t* qr = q + r * ldq;
+    float amax = 0.f;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(xr[c]));
+    float s = amax / 127.f;
+    if (!(s > 0.f)) s = 1.f;  // all-zero row (or max|x| so small that s underflows)
+    for (int64_t c = 0; c < k; ++c) {
+      const float v = xr[c] / s;
+      int32_t i = static_cast<int32_t>(v);  // trunc
+      const float frac = v - static_cast<float>(i);
+      i += static_cast<int32_t>(frac >= 0.5f) - static_cast<int32_t>(frac <= -0.5f);
+      qr[c] = static_cast<int8_t>(std::min(127, std::max(-127, i)));
+    }
+    std::fill(qr + k, qr + kp, int8_t{0});
+    scale[r] = s;
+    for (int64_t G = 0; G < kp / group; ++G) {
+      int32_t sum = 0;
+      for (int64_t c = G * group; c < (G + 1) * group; ++c) sum += qr[c];
+      gsum[r * gsum_ld + G] = sum;
+    }
+  }
+}
+
+// x: fp32 [n]; y: bf16 [n].
+void to_bf16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16_rne(x[i]);
+}
+
+}  // namespace generic
+}  // namespace ktmoe

@@ -1,0 +1,154 @@
+// [NOTE] Generic int8 / int4 gemms over packed kINT8 / kINT4 weights and int8
+// activation rows (portable C++17, the oracle).
+//
+// For rows m < M and the output columns j of blocks [b0, b1) (n = 16*b0 + j):
+//   kINT8:  c[m][j] = (sx[m] * s[n]) * I,      I = Σ_k (u[n][k] - 128) · xq[m][k]
+//   kINT4:  c[m][j] = sx[m] * Σ_G ( d[n,G] · I_G + lo[n,G] · gsum[m][G] ),
+//           I_G = Σ_{k in G} q[n][k] · xq[m][k],  groups G in increasing order.
+// (Σ (u-128)·xq equals the format's Σ u·xq − 128·Σ xq exactly; the int8 gsum is
+// not needed here.)
+//
+// How: like the bf16 gemm, each block is walked in panels of kPanelK k values
+// decoded once to fp32 [kPanelK][16] (int8: u - 128; int4: the nibble q) and
+// multiplied into every row of a row tile. The dot products are integers: each
+// product and every partial sum of one panel is an integer of magnitude below
+// kPanelK·127·127 < 2^24, so the fp32 panel sums are *exact*; each is converted to
+// int32 and added to the row's integer accumulator. The integer results are thus
+// exactly those of the format (int32), as on every other ISA; only the fp32
+// epilogue (written above, left to right) rounds. Any (b0, b1) split or thread
+// gives the same bits.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/generic/bf16_scalar.h"
+#include "kernels/generic/generic_kernels.h"
+
+namespace ktmoe {
+namespace generic {
+namespace {
+
+// panel[c][j] = u[j][k0 + c] - 128 for c < kc; `quads` points at k-quad k0/4 of a block.
+void decode_int8_panel(const uint8_t* quads, int64_t kc, float* panel) {
+  uint32_t v[kBlockN];  // column j's 4 bytes: k = 4p + t in byte t
+  for (int64_t p = 0; p < kc / 4; ++p) {
+    std::memcpy(v, quads + p * 64, sizeof(v));
+    for (int64_t t = 0; t < 4; ++t) {
+      float* dst = panel + (4 * p + t) * kBlockN;
+      for (int64_t j = 0; j < kBlockN; ++j)
+        dst[j] = static_cast<float>(static_cast<int32_t>((v[j] >> (8 * t)) & 0xFFu) - 128);
+    }
+  }
+}
+
+// panel[c][j] = q[j][k0 + c] for c < kc (k0 and kc multiples of 8); `octets`
+// points at k-octet k0/8: byte 4j+t holds k = 8o+t (low nibble), 8o+4+t (high).
+void decode_int4_panel(const uint8_t* octets, int64_t kc, float* panel) {
+  uint32_t v[kBlockN];
+  for (int64_t o = 0; o < kc / 8; ++o) {
+    std::memcpy(v, octets + o * 64, sizeof(v));
+    for (int64_t t = 0; t < 8; ++t) {  // t < 4: low nibbles of byte t; t >= 4: high nibbles of byte t-4
+      const int shift = 8 * (t % 4) + 4 * (t / 4);
+      float* dst = panel + (8 * o + t) * kBlockN;
+      for (int64_t j = 0; j < kBlockN; ++j)
+        dst[j] = static_cast<float>(static_cast<int32_t>((v[j] >> shift) & 0xFu));
+    }
+  }
+}
+
+// xf[c] = xq[c] for c < kc.
+void widen_row(const int8_t* xq, int64_t kc, float* xf) {
+  for (int64_t c = 0; c < kc; ++c) xf[c] = static_cast<float>(xq[c]);
+}
+
+// iacc[j] += Σ_c xf[c] * panel[c][j], exactly (see [NOTE]).
+void panel_idot(const float* panel, const float* xf, int64_t kc, int32_t* iacc) {
+  alignas(64) float part[kBlockN] = {};
+  panel_madd(panel, xf, kc, part);
+  for (int64_t j = 0; j < kBlockN; ++j) iacc[j] += static_cast<int32_t>(part[j]);
+}
+
+}  // namespace
+
+// w: kINT8 [np/16][kp/4][16][4] u8 + fp32 s[np]; a: int8 rows [m, ldq] + scale[m];
+// c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  const int64_t kp = w->kp;
+  const uint8_t* data = packed_data(w);
+  const float* s = reinterpret_cast<const float*>(packed_scales(w));
+  alignas(64) float panel[kPanelK * kBlockN];
+  alignas(64) float xf[kPanelK];
+  alignas(64) int32_t iacc[kRowTile][kBlockN];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT8, kp);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+      const int64_t mt = std::min(kRowTile, m - r0);
+      for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
+      for (int64_t k0 = 0; k0 < kp; k0 += kPanelK) {
+        const int64_t kc = std::min(kPanelK, kp - k0);
+        decode_int8_panel(block + (k0 / 4) * 64, kc, panel);
+        for (int64_t r = 0; r < mt; ++r) {
+          widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
+          panel_idot(panel, xf, kc, iacc[r]);
+        }
+      }
+      for (int64_t r = 0; r < mt; ++r) {
+        float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
+        const float sx = a.scale[r0 + r];
+        for (int64_t j = 0; j < kBlockN; ++j)
+          cr[j] = (sx * s[b * kBlockN + j]) * static_cast<float>(iacc[r][j]);
+      }
+    }
+  }
+}
+
+// w: kINT4 [np/16][kp/8][16][4] nibbles + per (block, group) 16 bf16 d, 16 bf16 lo;
+// a: int8 rows [m, ldq] + scale[m] + gsum [m, gsum_ld] (kp/g group sums);
+// c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
+void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  const int64_t kp = w->kp, g = w->group, ngroups = kp / g;
+  const uint8_t* data = packed_data(w);
+  const uint8_t* scales = packed_scales(w);
+  alignas(64) float panel[kPanelK * kBlockN];
+  alignas(64) float xf[kPanelK];
+  alignas(64) int32_t iacc[kRowTile][kBlockN];
+  alignas(64) float acc[kRowTile][kBlockN];
+  alignas(64) float d[kBlockN], lo[kBlockN];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT4, kp);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+      const int64_t mt = std::min(kRowTile, m - r0);
+      for (int64_t r = 0; r < mt; ++r) std::fill(acc[r], acc[r] + kBlockN, 0.f);
+      for (int64_t G = 0; G < ngroups; ++G) {
+        for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
+        for (int64_t k0 = G * g; k0 < (G + 1) * g; k0 += kPanelK) {
+          const int64_t kc = std::min(kPanelK, (G + 1) * g - k0);
+          decode_int4_panel(block + (k0 / 8) * 64, kc, panel);
+          for (int64_t r = 0; r < mt; ++r) {
+            widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
+            panel_idot(panel, xf, kc, iacc[r]);
+          }
+        }
+        const uint8_t* sc = scales + (b * ngroups + G) * 64;
+        for (int64_t j = 0; j < kBlockN; ++j) {
+          d[j] = bf16_to_f32(static_cast<uint16_t>(sc[2 * j] | (sc[2 * j + 1] << 8)));
+          lo[j] = bf16_to_f32(static_cast<uint16_t>(sc[32 + 2 * j] | (sc[32 + 2 * j + 1] << 8)));
+        }
+        for (int64_t r = 0; r < mt; ++r) {
+          const float gs = static_cast<float>(a.gsum[(r0 + r) * a.gsum_ld + G]);
+          for (int64_t j = 0; j < kBlockN; ++j)
+            acc[r][j] += d[j] * static_cast<float>(iacc[r][j]) + lo[j] * gs;
+        }
+      }
+      for (int64_t r = 0; r < mt; ++r) {
+        float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
+        const float sx = a.scale[r0 + r];
+        for (int64_t j = 0; j < kBlockN; ++j) cr[j] = sx * acc[r][j];
+      }
+    }
+  }
+}
+
+}  // namespace generic
+}  // namespace ktmoe

@@ -1,0 +1,338 @@
+// [NOTE] moe_forward: routing, scratch and threading around an IsaKernels table.
+//
+//   out[t] = Σ_j w[t,j] · down_e( silu(gate_e(x_t)) ⊙ up_e(x_t) ),  e = ids[t,j] >= 0
+//
+// Sizes and formats come from the packed headers (expert 0's; all experts of a
+// layer share them): w13 is kGateUp with n = 2I, k = H; w2 is kDown with n = H,
+// k = I. Each matrix's activations are prepared in that matrix's format
+// (bf16 rows, or int8 rows + scale + sums per header.group), so w13 and w2 may
+// even use different formats.
+//
+// Routing (serial, O(T·k)): the valid (t, j) pairs are grouped by expert, in
+// (t, j) order inside an expert; pair (t, j) gets a "row" r, and rows of expert
+// e are the contiguous range [row_begin[e], row_begin[e+1]). ids < 0 are skipped.
+//
+// Phases, each one parallel_for over independent items that write disjoint
+// outputs, so the result has the same bits for any thread count and partition:
+//   1. prep:     x[t] -> activation row of token t (once per token, zero padded);
+//      gather:   token rows -> rows r (contiguous per expert: gemm's M rows).
+//   2. gate/up:  item = (expert, range of block pairs); for every token tile of
+//                the expert: gemm on blocks [2j0, 2j1) (gate/up interleaved) into
+//                a stack tile, then silu_mul per pair -> h[r][16j .. 16j+15] (fp32).
+//      h rows:   h[r] -> bf16 / int8 rows for w2 (int8 needs the whole row's max,
+//                hence after all gate/up items).
+//   3. down:     item = (expert, range of blocks of w2) -> y[r] (fp32, one slot per
+//                pair), written by gemm directly.
+//   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype.
+// Item sizes. An expert with at most kTokenTile rows (decode) reads each weight
+// once whatever the item size, so its blocks are cut into small items (about
+// kMinItemBytes of weights) that spread one expert over all threads. An expert
+// with more rows (prefill) gets items of about kPanelBytes of weights (half the
+// 1 MiB L2): the item walks all the expert's rows in tiles of kTokenTile, and the
+// panel is read from memory once and from L2 for every further tile. Item sizes
+// depend only on the problem, never on the thread count.
+//
+// Scratch: one 64-byte-aligned block per call, carved into the buffers below; it
+// is owned by the calling thread and kept (grow-only) for the next call, so a
+// steady stream of forwards does not page-fault fresh memory every time.
+#include "kernels/moe_driver.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/generic/bf16_scalar.h"
+
+namespace ktmoe {
+namespace {
+
+constexpr int64_t kTokenTile = 32;           // rows per gemm call
+constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
+constexpr int64_t kMinItemBytes = 32 << 10;  // decode: weight bytes per item (at least one unit)
+constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
+constexpr int64_t kCombineCols = 512;        // combine: fp32 accumulator columns on the stack
+constexpr size_t kAlign = 64;
+
+// Grow-only, 64-byte-aligned scratch owned by one (calling) thread.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(ptr_); }
+  uint8_t* get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(ptr_);
+      ptr_ = nullptr;
+      cap_ = 0;
+      const size_t cap = (bytes + kAlign - 1) / kAlign * kAlign;
+      ptr_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, cap));
+      if (!ptr_) throw std::bad_alloc();
+      cap_ = cap;
+    }
+    return ptr_;
+  }
+
+ private:
+  uint8_t* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// Offsets of 64-byte-aligned buffers inside one scratch block.
+struct Layout {
+  size_t size = 0;
+  size_t take(size_t bytes) {
+    const size_t off = size;
+    size += (bytes + kAlign - 1) / kAlign * kAlign;
+    return off;
+  }
+};
+
+// Rows of activations in the format one packed matrix multiplies: bf16 rows
+// [rows, kp], or int8 rows [rows, kp] + scale [rows] + group sums [rows, ngroups].
+struct ActRows {
+  WeightFormat format = WeightFormat::kBF16;
+  int64_t kp = 0, group = 0, ngroups = 0;
+  uint16_t* bf16 = nullptr;
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+  int32_t* gsum = nullptr;
+  size_t off_bf16 = 0, off_q = 0, off_scale = 0, off_gsum = 0;
+
+  ActRows() = default;
+  ActRows(const PackedMatrixHeader* w, int64_t rows, Layout& layout)
+      : format(static_cast<WeightFormat>(w->format)), kp(w->kp), group(w->group) {
+    if (format == WeightFormat::kBF16) {
+      off_bf16 = layout.take(size_t(rows) * kp * 2);
+    } else {
+      ngroups = kp / group;
+      off_q = layout.take(size_t(rows) * kp);
+      off_scale = layout.take(size_t(rows) * 4);
+      off_gsum = layout.take(size_t(rows) * ngroups * 4);
+    }
+  }
+  void bind(uint8_t* base) {
+    if (format == WeightFormat::kBF16) {
+      bf16 = reinterpret_cast<uint16_t*>(base + off_bf16);
+    } else {
+      q = reinterpret_cast<int8_t*>(base + off_q);
+      scale = reinterpret_cast<float*>(base + off_scale);
+      gsum = reinterpret_cast<int32_t*>(base + off_gsum);
+    }
+  }
+  QuantizedRows quantized(int64_t r) const {
+    return {q + r * kp, kp, scale + r, gsum + r * ngroups, ngroups};
+  }
+  // Row dst of this = row src of other (same format and sizes).
+  void copy_row_from(const ActRows& other, int64_t src, int64_t dst) const {
+    if (format == WeightFormat::kBF16) {
+      std::memcpy(bf16 + dst * kp, other.bf16 + src * kp, size_t(kp) * 2);
+    } else {
+      std::memcpy(q + dst * kp, other.q + src * kp, size_t(kp));
+      scale[dst] = other.scale[src];
+      std::memcpy(gsum + dst * ngroups, other.gsum + src * ngroups, size_t(ngroups) * 4);
+    }
+  }
+};
+
+// c[m][0 .. 16*(b1-b0)) = rows [r0, r0+m) of a times blocks [b0, b1) of w.
+void gemm(const IsaKernels& isa, const PackedMatrixHeader* w, const ActRows& a, int64_t r0,
+          int64_t m, int64_t b0, int64_t b1, float* c, int64_t ldc) {
+  switch (a.format) {
+    case WeightFormat::kBF16: isa.gemm_bf16(w, a.bf16 + r0 * a.kp, a.kp, m, b0, b1, c, ldc); break;
+    case WeightFormat::kINT8: isa.gemm_int8(w, a.quantized(r0), m, b0, b1, c, ldc); break;
+    case WeightFormat::kINT4: isa.gemm_int4(w, a.quantized(r0), m, b0, b1, c, ldc); break;
+  }
+}
+
+// One work item: expert e, units [u0, u1) (gate/up: block pairs; down: blocks).
+struct Item {
+  int64_t e, u0, u1;
+};
+
+// Cuts each active expert's `units` units (of unit_bytes weight bytes each) into
+// near-equal items, sized by the expert's row count (see [NOTE]).
+std::vector<Item> make_items(const std::vector<int64_t>& active, const std::vector<int64_t>& row_begin,
+                             int64_t units, int64_t unit_bytes) {
+  std::vector<Item> items;
+  for (int64_t e : active) {
+    const int64_t rows = row_begin[e + 1] - row_begin[e];
+    const int64_t budget = rows > kTokenTile ? kPanelBytes : kMinItemBytes;
+    const int64_t per_item = std::max<int64_t>(1, std::min(units, budget / unit_bytes));
+    const int64_t n_items = (units + per_item - 1) / per_item;
+    for (int64_t i = 0; i < n_items; ++i)
+      items.push_back({e, i * units / n_items, (i + 1) * units / n_items});
+  }
+  return items;
+}
+
+const PackedMatrixHeader* header_at(const uint8_t* base, int64_t stride, int64_t e) {
+  return reinterpret_cast<const PackedMatrixHeader*>(base + e * stride);
+}
+
+}  // namespace
+
+void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for) {
+  const int64_t T = p.tokens, H = p.hidden, K = p.top_k, E = p.num_experts;
+  if (T <= 0) return;
+
+  // ---- routing -------------------------------------------------------------
+  std::vector<int64_t> row_begin(size_t(E) + 1, 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int64_t e = p.ids[i];
+    if (e < 0) continue;
+    if (e >= E)
+      throw std::out_of_range("moe_forward: expert id " + std::to_string(e) + " >= num_experts " +
+                              std::to_string(E));
+    ++row_begin[e + 1];
+  }
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e) {
+    if (row_begin[e + 1] > 0) active.push_back(e);
+    row_begin[e + 1] += row_begin[e];
+  }
+  const int64_t P = row_begin[E];
+  std::vector<int64_t> row_of_pair(static_cast<size_t>(T * K), -1);
+  std::vector<int64_t> token_of_row(static_cast<size_t>(P));
+  {
+    std::vector<int64_t> cursor(row_begin.begin(), row_begin.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int64_t e = p.ids[i];
+      if (e < 0) continue;
+      row_of_pair[i] = cursor[e];
+      token_of_row[cursor[e]++] = i / K;
+    }
+  }
+
+  if (P == 0) {  // every id masked: out = 0 (w13 / w2 are not even looked at)
+    std::memset(p.out, 0, size_t(T) * H * (p.x_is_bf16 ? 2 : 4));
+    return;
+  }
+
+  // ---- shapes from the packed headers ----------------------------------------
+  const PackedMatrixHeader* h13 = header_at(p.w13, p.w13_stride, 0);
+  const PackedMatrixHeader* h2 = header_at(p.w2, p.w2_stride, 0);
+  const int64_t inter = h13->n / 2;     // I
+  const int64_t pairs = h13->np / 32;   // ip / 16 block pairs of w13
+  const int64_t ldh = 16 * pairs;       // ip
+  const int64_t ldy = h2->np;           // round_up(H, 16)
+  const bool x_bf16 = p.x_is_bf16;
+  const bool stage_x = x_bf16 && h13->format != uint8_t(WeightFormat::kBF16);
+
+  // ---- scratch ---------------------------------------------------------------
+  Layout layout;
+  const size_t off_stage = layout.take(stage_x ? size_t(T) * H * 4 : 0);  // x as fp32
+  const size_t off_h = layout.take(size_t(P) * ldh * 4);                  // h fp32 [P, ip]
+  const size_t off_y = layout.take(size_t(P) * ldy * 4);                  // y fp32 [P, np2]
+  ActRows xa(h13, T, layout);  // x per token, w13's format
+  ActRows ga(h13, P, layout);  // x per row (gathered by expert)
+  ActRows ha(h2, P, layout);   // h per row, w2's format
+  static thread_local Scratch scratch;
+  uint8_t* base = scratch.get(layout.size);
+  float* stage = reinterpret_cast<float*>(base + off_stage);
+  float* hbuf = reinterpret_cast<float*>(base + off_h);
+  float* ybuf = reinterpret_cast<float*>(base + off_y);
+  xa.bind(base);
+  ga.bind(base);
+  ha.bind(base);
+
+  // ---- 1. prep once per token, then gather per row -----------------------------
+  const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+  const float* x32 = static_cast<const float*>(p.x);
+  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    if (xa.format == WeightFormat::kBF16) {
+      for (int64_t t = t0; t < t1; ++t) {
+        uint16_t* dst = xa.bf16 + t * xa.kp;
+        if (x_bf16) std::memcpy(dst, x16 + t * H, size_t(H) * 2);
+        else isa.to_bf16(x32 + t * H, dst, H);
+        std::fill(dst + H, dst + xa.kp, uint16_t{0});
+      }
+    } else {
+      const float* src = x32;
+      if (stage_x) {
+        for (int64_t i = t0 * H; i < t1 * H; ++i) stage[i] = bf16_to_f32(x16[i]);
+        src = stage;
+      }
+      isa.quantize_rows(src + t0 * H, H, t1 - t0, H, xa.kp, xa.group, xa.q + t0 * xa.kp, xa.kp,
+                        xa.scale + t0, xa.gsum + t0 * xa.ngroups, xa.ngroups);
+    }
+  });
+  parallel_for(P, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) ga.copy_row_from(xa, token_of_row[r], r);
+  });
+
+  // ---- 2. gate/up + silu -> h, then h -> w2's activation format ------------------
+  const int64_t pair_bytes = 2 * block_data_bytes(WeightFormat(h13->format), h13->kp);
+  const std::vector<Item> items13 = make_items(active, row_begin, pairs, pair_bytes);
+  parallel_for(int64_t(items13.size()), 1, [&](int64_t i0, int64_t i1) {
+    alignas(64) float tile[kTokenTile * kMaxPairsPerCall * 32];
+    for (int64_t it = i0; it < i1; ++it) {
+      const Item& item = items13[it];
+      const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
+      for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
+        const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
+        for (int64_t j0 = item.u0; j0 < item.u1; j0 += kMaxPairsPerCall) {
+          const int64_t nj = std::min(kMaxPairsPerCall, item.u1 - j0), ldc = 32 * nj;
+          gemm(isa, w, ga, r0, m, 2 * j0, 2 * (j0 + nj), tile, ldc);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t jj = 0; jj < nj; ++jj) {
+              const float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
+              isa.silu_mul(g, g + 16, hbuf + (r0 + r) * ldh + 16 * (j0 + jj), 16);
+            }
+        }
+      }
+    }
+  });
+  parallel_for(P, 16, [&](int64_t r0, int64_t r1) {
+    if (ha.format == WeightFormat::kBF16) {
+      for (int64_t r = r0; r < r1; ++r) {
+        uint16_t* dst = ha.bf16 + r * ha.kp;
+        isa.to_bf16(hbuf + r * ldh, dst, inter);
+        std::fill(dst + inter, dst + ha.kp, uint16_t{0});
+      }
+    } else {
+      isa.quantize_rows(hbuf + r0 * ldh, ldh, r1 - r0, inter, ha.kp, ha.group, ha.q + r0 * ha.kp,
+                        ha.kp, ha.scale + r0, ha.gsum + r0 * ha.ngroups, ha.ngroups);
+    }
+  });
+
+  // ---- 3. down -> one fp32 slot per pair -----------------------------------------
+  const int64_t block_bytes2 = block_data_bytes(WeightFormat(h2->format), h2->kp);
+  const std::vector<Item> items2 = make_items(active, row_begin, h2->np / kBlockN, block_bytes2);
+  parallel_for(int64_t(items2.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t it = i0; it < i1; ++it) {
+      const Item& item = items2[it];
+      const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
+      for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
+        const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
+        gemm(isa, w, ha, r0, m, item.u0, item.u1, ybuf + r0 * ldy + kBlockN * item.u0, ldy);
+      }
+    }
+  });
+
+  // ---- 4. combine: out[t] = Σ_j w[t,j] · y[row(t,j)], j in order ---------------
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[kCombineCols];
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t c0 = 0; c0 < H; c0 += kCombineCols) {
+        const int64_t cols = std::min(kCombineCols, H - c0);
+        std::fill(acc, acc + cols, 0.f);
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t r = row_of_pair[t * K + j];
+          if (r < 0) continue;
+          const float wt = p.weights[t * K + j];
+          const float* y = ybuf + r * ldy + c0;
+          for (int64_t c = 0; c < cols; ++c) acc[c] += wt * y[c];
+        }
+        if (x_bf16) isa.to_bf16(acc, static_cast<uint16_t*>(p.out) + t * H + c0, cols);
+        else std::memcpy(static_cast<float*>(p.out) + t * H + c0, acc, size_t(cols) * 4);
+      }
+    }
+  });
+}
+
+}  // namespace ktmoe

@@ -1,0 +1,223 @@
+// [NOTE] Packing one dense expert matrix into the layout of packed_format.h.
+//
+// pack_matrix() writes a whole blob: it first zeroes all header.total_bytes
+// bytes (so every alignment gap, the header's pad/reserved and every padded
+// element start at 0), then writes the header and, for each packed row
+// (output column) that maps to a dense row, its data and scales:
+//
+//   kBF16  bf16(w) with round-to-nearest-even at the VNNI pair offset.
+//   kINT8  s[n] = max|w[n]| / 127 (fp32), u = clamp(round(w / s), -127, 127) + 128.
+//          A padded *element* (k <= c < kp, or a padded row) holds u = 128, the
+//          encoding of weight 0 ("padded weights are 0"); padded rows have s = 0.
+//   kINT4  per (row, group): [lo, hi] = [min, max] of the row's valid values in
+//          the group, each shrink factor f in {1, .95, .9, .85, .8} scales both ends
+//          (lo*f, hi*f: clips the tails), d = (hi - lo) / 15, d and lo rounded to
+//          bf16, q = clamp(round((w - lo_bf16) / d_bf16), 0, 15); the factor with
+//          the smallest squared error of the reconstruction d_bf16*q + lo_bf16
+//          (computed in double, first one wins ties) is kept. d_bf16 == 0 (a
+//          constant group, or a range too small for bf16) gives q = 0 and lo =
+//          bf16(min). Padded columns hold q = 0; groups or rows entirely in
+//          padding hold q = 0, d = lo = 0.
+//
+// Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
+// 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
+// padding). kPlain / kDown: dense row pr (pr >= n is padding).
+//
+// int4 group vs kp: the format indexes scales by k / g with kp / g groups, so kp
+// must be a multiple of g. For g = 32 that is kp = round_up(k, 32); for a larger
+// g (64, 128, ...) packed_matrix_header() uses kp = round_up(k, g), still a
+// multiple of 32 as the format requires.
+//
+// Deterministic: plain scalar arithmetic in a fixed order, no threads.
+#include "kernels/pack.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/generic/bf16_scalar.h"
+
+namespace ktmoe {
+namespace {
+
+constexpr float kInt4Shrink[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
+
+// Dense row of packed row pr, or -1 for a padded row.
+int64_t dense_row(const PackedMatrixHeader& h, int64_t pr) {
+  const int64_t block = pr / kBlockN, i = pr % kBlockN;
+  if (h.role == static_cast<uint8_t>(MatrixRole::kGateUp)) {
+    const int64_t inter = h.n / 2;
+    const int64_t r = (block / 2) * kBlockN + i;
+    if (r >= inter) return -1;
+    return (block % 2 == 0) ? r : inter + r;
+  }
+  return pr < h.n ? pr : -1;
+}
+
+void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+
+void pack_row_bf16(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data) {
+  uint8_t* base = data + (pr / kBlockN) * (int64_t(h.kp) * 32) + (pr % kBlockN) * 4;
+  for (int64_t c = 0; c < h.k; ++c)
+    store_u16(base + (c / 2) * 64 + (c % 2) * 2, f32_to_bf16_rne(w[c]));
+  // padded columns stay 0 (bf16 +0.0)
+}
+
+// w == nullptr: a padded row (all weights 0).
+void pack_row_int8(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data,
+                   uint8_t* scales) {
+  uint8_t* base = data + (pr / kBlockN) * (int64_t(h.kp) * 16) + (pr % kBlockN) * 4;
+  float amax = 0.f;
+  if (w)
+    for (int64_t c = 0; c < h.k; ++c) amax = std::max(amax, std::fabs(w[c]));
+  const float s = amax / 127.f;
+  for (int64_t c = 0; c < h.kp; ++c) {
+    int wq = 0;
+    if (w && c < h.k && s > 0.f)
+      wq = static_cast<int>(std::min(127.f, std::max(-127.f, std::round(w[c] / s))));
+    base[(c / 4) * 64 + (c % 4)] = static_cast<uint8_t>(wq + 128);
+  }
+  store_f32(scales + pr * 4, s);
+}
+
+// Chooses d, lo (bf16) for one group of values v[0..len) and writes q[0..len).
+void quantize_group_int4(const float* v, int64_t len, uint16_t* d_out, uint16_t* lo_out,
+                         uint8_t* q_out, uint8_t* q_tmp) {
+  float vmin = v[0], vmax = v[0];
+  for (int64_t i = 1; i < len; ++i) {
+    vmin = std::min(vmin, v[i]);
+    vmax = std::max(vmax, v[i]);
+  }
+  double best_err = std::numeric_limits<double>::infinity();
+  for (float f : kInt4Shrink) {
+    const float lo = vmin * f, hi = vmax * f;
+    const uint16_t db = f32_to_bf16_rne((hi - lo) / 15.f);
+    const uint16_t lb = f32_to_bf16_rne(lo);
+    const float d = bf16_to_f32(db), l = bf16_to_f32(lb);
+    double err = 0.0;
+    for (int64_t i = 0; i < len; ++i) {
+      int q = 0;
+      if (d > 0.f) q = static_cast<int>(std::min(15.f, std::max(0.f, std::round((v[i] - l) / d))));
+      q_tmp[i] = static_cast<uint8_t>(q);
+      const double e = double(v[i]) - (double(d) * q + double(l));
+      err += e * e;
+    }
+    if (err < best_err) {  // strict: the first (largest) factor wins ties
+      best_err = err;
+      *d_out = (d > 0.f) ? db : 0;
+      *lo_out = lb;
+      std::memcpy(q_out, q_tmp, static_cast<size_t>(len));
+    }
+    if (!(vmax > vmin)) break;  // constant group: d = 0, q = 0, lo = bf16(value)
+  }
+}
+
+void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data,
+                   uint8_t* scales, uint8_t* q_buf, uint8_t* q_tmp) {
+  const int64_t g = h.group, ngroups = h.kp / g, block = pr / kBlockN, i = pr % kBlockN;
+  uint8_t* base = data + block * (int64_t(h.kp) * 8) + i * 4;
+  for (int64_t G = 0; G < ngroups; ++G) {
+    const int64_t c0 = G * g, len = std::min<int64_t>(h.k, c0 + g) - c0;
+    if (len <= 0) break;  // the rest is padding: q = d = lo = 0 already
+    uint16_t d = 0, lo = 0;
+    quantize_group_int4(w + c0, len, &d, &lo, q_buf, q_tmp);
+    uint8_t* sc = scales + (block * ngroups + G) * 64 + i * 2;
+    store_u16(sc, d);
+    store_u16(sc + 32, lo);
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t c = c0 + t;
+      uint8_t& byte = base[(c / 8) * 64 + (c % 4)];
+      byte = static_cast<uint8_t>(byte | (q_buf[t] << ((c % 8) < 4 ? 0 : 4)));
+    }
+  }
+}
+
+void check_header(const PackedMatrixHeader& h) {
+  if (h.magic != kPackedMagic || h.version != kPackedVersion)
+    throw std::invalid_argument("pack_matrix: header has a bad magic or version");
+  if (h.format > static_cast<uint8_t>(WeightFormat::kINT4) ||
+      h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 ||
+      h.np % kBlockN != 0 || h.kp % kAlignK != 0 || h.kp < h.k || h.np < h.n)
+    throw std::invalid_argument("pack_matrix: inconsistent header (use packed_matrix_header)");
+  if (h.format == static_cast<uint8_t>(WeightFormat::kINT4) && (h.group <= 0 || h.kp % h.group))
+    throw std::invalid_argument("pack_matrix: int4 group must divide kp");
+}
+
+}  // namespace
+
+PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, int64_t n,
+                                        int64_t k, int64_t group) {
+  if (n <= 0 || k <= 0) throw std::invalid_argument("packed_matrix_header: n and k must be > 0");
+  if (role == MatrixRole::kGateUp && n % 2 != 0)
+    throw std::invalid_argument("packed_matrix_header: kGateUp needs n = 2*I (even)");
+  int64_t kp = round_up(k, kAlignK), g = 0;
+  switch (format) {
+    case WeightFormat::kBF16: g = 0; break;
+    case WeightFormat::kINT8: g = kp; break;
+    case WeightFormat::kINT4:
+      g = group > 0 ? group : kDefaultInt4Group;
+      if (g % kAlignK != 0)
+        throw std::invalid_argument("packed_matrix_header: int4 group must be a multiple of 32, got " +
+                                    std::to_string(g));
+      kp = round_up(k, g);  // kp / g whole groups per row, still a multiple of 32 (see [NOTE])
+      break;
+    default: throw std::invalid_argument("packed_matrix_header: unknown weight format");
+  }
+  const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, kBlockN) : round_up(n, kBlockN);
+  if (np > std::numeric_limits<int32_t>::max() || kp > std::numeric_limits<int32_t>::max())
+    throw std::invalid_argument("packed_matrix_header: matrix too large");
+
+  PackedMatrixHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kPackedMagic;
+  h.version = kPackedVersion;
+  h.format = static_cast<uint8_t>(format);
+  h.role = static_cast<uint8_t>(role);
+  h.n = static_cast<int32_t>(n);
+  h.k = static_cast<int32_t>(k);
+  h.np = static_cast<int32_t>(np);
+  h.kp = static_cast<int32_t>(kp);
+  h.group = static_cast<int32_t>(g);
+  h.data_offset = sizeof(PackedMatrixHeader);
+  const int64_t data_bytes = (np / kBlockN) * block_data_bytes(format, kp);
+  int64_t scale_bytes = 0;
+  if (format == WeightFormat::kINT8) scale_bytes = np * int64_t(sizeof(float));
+  if (format == WeightFormat::kINT4) scale_bytes = (np / kBlockN) * (kp / g) * 64;
+  const int64_t data_end = round_up(h.data_offset + data_bytes, 64);
+  h.scale_offset = scale_bytes ? data_end : 0;
+  h.total_bytes = round_up(data_end + scale_bytes, 64);
+  return h;
+}
+
+void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uint8_t* out) {
+  check_header(header);
+  std::memset(out, 0, static_cast<size_t>(header.total_bytes));
+  std::memcpy(out, &header, sizeof(header));
+  uint8_t* data = out + header.data_offset;
+  uint8_t* scales = header.scale_offset ? out + header.scale_offset : nullptr;
+  const auto format = static_cast<WeightFormat>(header.format);
+  // int4 scratch: the chosen q of one group and the candidate being tried.
+  std::vector<uint8_t> q_buf(format == WeightFormat::kINT4 ? size_t(2 * header.group) : 0);
+  for (int64_t pr = 0; pr < header.np; ++pr) {
+    const int64_t r = dense_row(header, pr);
+    const float* w = r >= 0 ? rows[r] : nullptr;
+    switch (format) {
+      case WeightFormat::kBF16:
+        if (w) pack_row_bf16(header, pr, w, data);
+        break;
+      case WeightFormat::kINT8: pack_row_int8(header, pr, w, data, scales); break;
+      case WeightFormat::kINT4:
+        if (w) {
+          pack_row_int4(header, pr, w, data, scales, q_buf.data(), q_buf.data() + header.group);
+        }
+        break;
+    }
+  }
+}
+
+}  // namespace ktmoe

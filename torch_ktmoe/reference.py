@@ -1,0 +1,108 @@
+"""Independent fp32 references: the MoE forward and each weight format's rounding.
+
+Written from the format definitions in csrc/kernels/packed_format.h with plain
+torch ops (no native code), so kernel tests compare against something that
+shares nothing with the kernels but the specification.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32"):
+    """out[t] = Σ_j w[t,j] · down_e(silu(gate_e x_t) ⊙ up_e x_t), in fp32.
+
+    x [T, H], topk_ids [T, k] (< 0 skipped), topk_weights [T, k],
+    gate_up [E, 2I, H], down [E, H, I] -> [T, H] float32.
+    activations: how the inputs of both matmuls are rounded first: "fp32"
+    (not at all), "bf16", or "int8" (per row, symmetric, as the int formats do).
+    """
+    act = {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
+    x = x.float()
+    inter = gate_up.shape[1] // 2
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
+    ids = topk_ids.long()
+    for e in ids.unique().tolist():
+        if e < 0:
+            continue
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        gu = act(x[tok]) @ gate_up[e].float().T
+        h = F.silu(gu[:, :inter]) * gu[:, inter:]
+        y = act(h) @ down[e].float().T
+        out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
+    return out
+
+
+def quantize_rows_int8(x):
+    """Per-row symmetric int8 of activations, dequantized: scale = max|x| / 127."""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    scale = torch.where(scale > 0, scale, 1)
+    return _round_half_away(x / scale).clamp(-127, 127) * scale
+
+
+def format_activations(weight_format):
+    """How a format's kernels round the activations they multiply."""
+    return "bf16" if weight_format == "bf16" else "int8"
+
+
+def _bf16(t):
+    return t.to(torch.bfloat16).float()
+
+
+def quantize_int8(w):
+    """Per-output-channel symmetric int8 of w [..., n, k], dequantized (fp32)."""
+    w = w.float()
+    scale = w.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(scale > 0, torch.round(w / torch.where(scale > 0, scale, 1)), 0).clamp(-127, 127)
+    return q * scale
+
+
+def _round_half_away(x):
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def quantize_int4(w, group=32, shrink=(1.0, 0.95, 0.9, 0.85, 0.8)):
+    """Group-wise asymmetric int4 of w [..., n, k] along k, dequantized (fp32).
+
+    Per group of `group` valid columns: [lo, hi] = [min, max] scaled by each shrink
+    factor; d = bf16((hi - lo) / 15), l = bf16(lo), q = clamp(round((w - l) / d), 0, 15);
+    keep the factor with the least squared error (the first on ties). A trailing
+    partial group uses only its valid columns.
+    """
+    w = w.float()
+    *lead, n, k = w.shape
+    pad = (-k) % group
+    valid = F.pad(torch.ones(k, dtype=torch.bool), (0, pad)).reshape(k // group + bool(pad), group)
+    g = F.pad(w, (0, pad)).reshape(*lead, n, valid.shape[0], group)
+    mn = torch.where(valid, g, torch.inf).amin(-1, keepdim=True)
+    mx = torch.where(valid, g, -torch.inf).amax(-1, keepdim=True)
+    best, best_err = None, None
+    for f in shrink:
+        lo, hi = mn * f, mx * f
+        d, l = _bf16((hi - lo) / 15), _bf16(lo)
+        q = torch.where(d > 0, _round_half_away((g - l) / torch.where(d > 0, d, 1)).clamp(0, 15), 0)
+        deq = q * d + l
+        err = (((deq.double() - g.double()) ** 2) * valid).sum(-1, keepdim=True)
+        if best is None:
+            best, best_err = deq, err
+        else:
+            better = err < best_err
+            best = torch.where(better, deq, best)
+            best_err = torch.where(better, err, best_err)
+    return best.reshape(*lead, n, k + pad)[..., :k]
+
+
+def quantize_weights(w, weight_format, group=32):
+    """The dense weights a format's kernel actually multiplies by (fp32)."""
+    if weight_format == "bf16":
+        return _bf16(w)
+    if weight_format == "int8":
+        return quantize_int8(w)
+    if weight_format == "int4":
+        return quantize_int4(w, group)
+    raise ValueError(f"unknown weight_format {weight_format!r}")
+
+
+def relative_error(out, ref):
+    """mean|out - ref| / mean|ref|: the accuracy metric of the formats."""
+    out, ref = out.float(), ref.float()
+    return ((out - ref).abs().mean() / ref.abs().mean().clamp_min(1e-30)).item()
