@@ -91,7 +91,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1)
       .def("empty", [](const PyArena& a, std::vector<int64_t> sizes) {
-             return ktmoe::arena_empty(a.arena, sizes, /*warn=*/false);
+             return ktmoe::arena_empty(a.arena, sizes);
            },
            py::arg("sizes"), py::call_guard<py::gil_scoped_release>(),
            "uint8 tensor of `sizes` in arena memory (keeps the arena alive); thread-safe")

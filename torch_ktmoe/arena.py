@@ -33,10 +33,14 @@ class WeightArena(_C.WeightArena):
         if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
             sizes = tuple(sizes[0])
         t = super().empty([int(s) for s in sizes])
+        self.warn_fallback(stacklevel=3)
+        return t
+
+    def warn_fallback(self, stacklevel: int = 2) -> None:
+        """Warns with the reason of this arena's first fallback, once."""
         reason = self.take_warning()
         if reason:
-            warnings.warn(reason, ArenaFallbackWarning, stacklevel=2)
-        return t
+            warnings.warn(reason, ArenaFallbackWarning, stacklevel=stacklevel + 1)
 
     def __repr__(self):
         mode = f"file in {self.dir!r}" if self.file_mode else (

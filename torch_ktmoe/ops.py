@@ -33,8 +33,11 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
     ``group_size``: int4 group along the input dimension (0: 32).
     """
-    return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size,
-                                        arena.key if arena is not None else "")
+    packed = torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size,
+                                          arena.key if arena is not None else "")
+    if arena is not None and hasattr(arena, "warn_fallback"):
+        arena.warn_fallback(stacklevel=2)
+    return packed
 
 
 @torch.library.register_fake("ktmoe::moe_forward")

@@ -43,22 +43,18 @@ std::shared_ptr<KtWeightArena> find_arena(const std::string& key) {
   return arena;
 }
 
-at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes, bool warn) {
+at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes) {
   int64_t bytes = 1;
   for (int64_t s : sizes) bytes *= s;
   bool file_backed = false;
   void* data = arena->alloc(bytes, &file_backed);
-  if (warn) {
-    const std::string warning = arena->warn_once();
-    if (!warning.empty()) TORCH_WARN(warning);
-  }
   return at::from_blob(
       data, sizes, [arena](void*) {}, at::TensorOptions().dtype(at::kByte));
 }
 
 at::Tensor arena_empty(const std::string& key, at::IntArrayRef sizes) {
   if (key.empty()) return at::empty(sizes, at::TensorOptions().dtype(at::kByte));
-  return arena_empty(find_arena(key), sizes, /*warn=*/true);
+  return arena_empty(find_arena(key), sizes);
 }
 
 }  // namespace ktmoe

@@ -22,9 +22,9 @@ std::shared_ptr<KtWeightArena> open_registered_arena(const std::string& dir, con
 std::shared_ptr<KtWeightArena> find_arena(const std::string& key);
 
 // A uint8 tensor of `sizes` (row-major, contiguous) in arena memory. An empty
-// key means the default CPU allocator. With warn, the arena's first fallback
-// becomes a TORCH_WARN (a Python warning when called through torch.ops).
+// key means the default CPU allocator. Fallbacks are not reported here: the
+// Python side turns the arena's warn_once() into a warning.
 at::Tensor arena_empty(const std::string& key, at::IntArrayRef sizes);
-at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes, bool warn);
+at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes);
 
 }  // namespace ktmoe

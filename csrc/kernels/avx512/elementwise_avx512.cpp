@@ -114,8 +114,8 @@ void to_bf16(const float* x, uint16_t* y, int64_t n) {
     const __mmask16 mk = first_lanes(n - i);
     const __m512i b = _mm512_maskz_loadu_epi32(mk, x + i);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i rne =
-        _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+    const __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
     const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs_mask), inf);
     const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
     const __m512i r = _mm512_mask_mov_epi32(rne, nan, quiet);

@@ -12,8 +12,9 @@
 // accumulator chains per step keep the loads in flight; prefill is compute bound
 // at ~1 vdpbf16ps per cycle (Zen4).
 //
-// Each column is one accumulator chain over k ascending, whatever the tile, so
-// the bits do not depend on the (b0, b1) split. vdpbf16ps treats bf16 denormals
+// Each column is one accumulator chain over k ascending, whatever the tile or the
+// k-chunk (a chunk resumes from the exact fp32 partial left in c), so the bits
+// depend neither on the (b0, b1) split nor on M. vdpbf16ps treats bf16 denormals
 // as zero and rounds each step to fp32 (nearest even).
 #include <immintrin.h>
 
@@ -40,7 +41,8 @@ struct Bf16Gemm {
   // Rows [m0, m0+MR) x blocks [b, b+NB) x k-pairs [s0, s1); c holds the partial
   // sums of k-pairs [0, s0) when s0 > 0.
   template <int MR, int NB, int kStride>
-  static void tile(const Ctx& x, const ARows& a, int64_t m0, int64_t b, int64_t s0, int64_t s1) {
+  __attribute__((noinline)) static void tile(const Ctx& x, const ARows& a, int64_t m0, int64_t b,
+                                             int64_t s0, int64_t s1) {
     const uint8_t* w = x.data + b * x.bstride;
     float* c = x.c + m0 * x.ldc + (b - x.b0) * 16;
     __m512 acc[MR][NB];

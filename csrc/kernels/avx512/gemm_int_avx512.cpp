@@ -13,14 +13,17 @@
 // The integer sums are exact (so their order is free); the float epilogue runs
 // once per int8 matrix and once per int4 group (convert, fma d, fma lo·Σxq into an
 // fp32 accumulator) in the same order for every column, so the bits do not
-// depend on the tile or the (b0, b1) split. int32 cannot overflow: |Σ u·xq| <=
-// 255·127·kp < 2^31 for kp < 66000, and the int8 correction is exact mod 2^32.
+// depend on the tile, the k-chunking or the (b0, b1) split. int32 is exact:
+// vpdpbusd wraps mod 2^32 and the int8 result Σ (u − 128)·xq has |.| <= 127²·kp,
+// which fits for kp < 130000 (int4 group sums are far smaller).
 //
 // Tiles: int8 like bf16 (NB = 4 -> MR <= 6, NB <= 2 -> MR <= 12); int4 holds an
 // fp32 accumulator per int32 one and unpacks one block at a time, so NB = 4 ->
-// MR <= 3, NB = 2 -> MR <= 6, NB = 1 -> MR <= 12. Tiny int4 tiles (MR·NB <= 4, i.e. decode) keep separate
-// accumulators for low and high nibbles so two vpdpbusd chains per column run
-// in parallel.
+// MR <= 3, NB = 2 -> MR <= 6, NB = 1 -> MR <= 12 (measured: better than smaller
+// tiles despite a few spills outside the inner loop). Decode tiles (MR·NB <= 2;
+// int4 also <= 4) split each column's int32 sum over 2 or 4 accumulator sets
+// (even / odd step, low / high nibbles) so several vpdpbusd chains per column are
+// in flight; the sets are added exactly, so the bits equal a single chain's.
 #include <immintrin.h>
 
 #include "kernels/avx512/avx512_common.h"
@@ -49,9 +52,10 @@ struct Int8Fmt {
   static constexpr bool kOneGroup = true;  // group = kp: one epilogue
   static constexpr int kMaxRows[5] = {0, 12, 12, 0, 6};
   template <int MR, int NB>
-  static constexpr int kSets = 1;
+  static constexpr int kSets = MR * NB <= 2 ? 2 : 1;  // decode: even / odd quads
 
-  template <int MR, int NB, int S, int kStride>
+  // Step s of parity P (s & 1) accumulates into set P % S.
+  template <int MR, int NB, int S, int kStride, int P>
   static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
                           const ARows& a, int64_t s) {
     __m512i wv[NB];
@@ -61,7 +65,8 @@ struct Int8Fmt {
     for (int i = 0; i < MR; ++i) {
       const __m512i xb = bcast32(a_at<kStride>(a, i, s, 4));
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[0][i][j] = _mm512_dpbusd_epi32(acc[0][i][j], wv[j], xb);
+      for (int j = 0; j < NB; ++j)
+        acc[P % S][i][j] = _mm512_dpbusd_epi32(acc[P % S][i][j], wv[j], xb);
     }
   }
 
@@ -80,9 +85,10 @@ struct Int4Fmt {
   static constexpr bool kOneGroup = false;
   static constexpr int kMaxRows[5] = {0, 12, 6, 0, 3};
   template <int MR, int NB>
-  static constexpr int kSets = MR * NB <= 4 ? 2 : 1;
+  static constexpr int kSets = MR * NB <= 2 ? 4 : MR * NB <= 4 ? 2 : 1;
 
-  template <int MR, int NB, int S, int kStride>
+  // Low nibbles into set (2P) % S, high nibbles into set (2P + 1) % S, P = s & 1.
+  template <int MR, int NB, int S, int kStride, int P>
   static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
                           const ARows& a, int64_t s) {
     // Block-outer: only one block's unpacked nibbles are live (registers go to
@@ -96,8 +102,9 @@ struct Int4Fmt {
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xq = a_at<kStride>(a, i, s, 8);
-        acc[0][i][j] = _mm512_dpbusd_epi32(acc[0][i][j], lo, bcast32(xq));
-        acc[S - 1][i][j] = _mm512_dpbusd_epi32(acc[S - 1][i][j], hi, bcast32(xq + 4));
+        constexpr int kLo = (2 * P) % S, kHi = (2 * P + 1) % S;
+        acc[kLo][i][j] = _mm512_dpbusd_epi32(acc[kLo][i][j], lo, bcast32(xq));
+        acc[kHi][i][j] = _mm512_dpbusd_epi32(acc[kHi][i][j], hi, bcast32(xq + 4));
       }
     }
   }
@@ -120,8 +127,6 @@ struct Int4Fmt {
       }
     }
   }
-
-
 };
 
 template <class F>
@@ -137,7 +142,7 @@ struct IntGemm {
 
   template <int MR, int NB, int S>
   static inline void zero(__m512i (&acc)[S][MR][NB]) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i)
@@ -145,23 +150,29 @@ struct IntGemm {
         for (int j = 0; j < NB; ++j) acc[s][i][j] = _mm512_setzero_si512();
   }
 
-  // steps [s0, s1) into acc[0] (the S accumulator sets are summed into set 0).
+  // steps [s0, s1) into acc[0] (the S accumulator sets are summed into set 0;
+  // s0 and s1 are even: kp / 4, group / 8 and the chunks are multiples of 4).
   template <int MR, int NB, int S, int kStride>
   static inline void steps(__m512i (&acc)[S][MR][NB], const uint8_t* w, const Ctx& x,
                            const ARows& a, int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) F::template step<MR, NB, S, kStride>(acc, w, x.bstride, a, s);
-    if constexpr (S == 2) {
+    for (int64_t s = s0; s < s1; s += 2) {
+      F::template step<MR, NB, S, kStride, 0>(acc, w, x.bstride, a, s);
+      F::template step<MR, NB, S, kStride, 1>(acc, w, x.bstride, a, s + 1);
+    }
+#pragma GCC unroll 4
+    for (int t = 1; t < S; ++t)
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[1][i][j]);
-    }
+        for (int j = 0; j < NB; ++j)
+          acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[t][i][j]);
   }
 
   // Rows [m0, m0+MR) x blocks [b, b+NB) x steps [s0, s1). Partials between
   // k-chunks live in c: int32 bits of Σ u·xq (kINT8), the fp32 group sum (kINT4).
   template <int MR, int NB, int kStride>
-  static void tile(const Ctx& x, const ARows& a, int64_t m0, int64_t b, int64_t s0, int64_t s1) {
+  __attribute__((noinline)) static void tile(const Ctx& x, const ARows& a, int64_t m0, int64_t b,
+                                             int64_t s0, int64_t s1) {
     constexpr int S = F::template kSets<MR, NB>;
     const uint8_t* w = x.data + b * x.bstride;
     const int32_t* gsum = x.a.gsum + m0 * x.a.gsum_ld;
@@ -209,7 +220,8 @@ struct IntGemm {
         const __m512 sx = _mm512_set1_ps(last ? x.a.scale[m0 + i] : 1.f);
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j)  // y = sx * facc once all groups are in
-          _mm512_storeu_ps(c + i * x.ldc + j * 16, last ? _mm512_mul_ps(sx, facc[i][j]) : facc[i][j]);
+          _mm512_storeu_ps(c + i * x.ldc + j * 16,
+                           last ? _mm512_mul_ps(sx, facc[i][j]) : facc[i][j]);
       }
     }
   }

@@ -1,0 +1,511 @@
+"""Hugging Face transformers 5.x drop-in: run a model's routed experts with KTMoE.
+
+Three entry points:
+
+``patch_model(model, *, mmap_experts_dir=None, weight_format="bf16", ...) -> PatchReport``
+    Finds every experts block of a loaded model, packs its weights into a
+    :class:`torch_ktmoe.KTMoE` (``layer_idx`` = decoder layer index), puts a
+    :class:`~torch_ktmoe.integrations.transformers_experts.KTMoEExperts` in its place
+    and frees the dense ``gate_up_proj``/``down_proj`` parameters. Routers, shared
+    experts (Qwen2-MoE ``shared_expert`` + ``shared_expert_gate``, DeepSeek-V3
+    ``shared_experts``) and dense MLP layers (DeepSeek-V3 ``first_k_dense_replace``)
+    stay as they are.
+
+``from_pretrained(path, *, mmap_experts_dir=None, weight_format="bf16", dtype=None, ...)``
+    Builds the model on the meta device (transformers' own ``from_pretrained``),
+    swaps the experts modules for empty ``KTMoEExperts`` *before* transformers loads
+    any weight -- so transformers never materializes a dense expert --, lets
+    transformers load every other weight, then streams each layer's expert tensors
+    out of the safetensors shards (``safe_open``, per-expert or fused keys), one
+    expert at a time, into ``KTMoE.load_expert``. Peak anonymous memory ~ non-expert
+    weights + one expert's dense tensors (+ the packed experts when they are not
+    file-backed).
+
+experts implementation ``"ktmoe"``
+    Importing this module registers ``"ktmoe"`` in transformers' ``ExpertsInterface``,
+    so ``model.set_experts_implementation("ktmoe")`` and
+    ``AutoModelForCausalLM.from_pretrained(..., experts_implementation="ktmoe")`` work.
+    That path keeps the dense parameters (you can switch back to ``"eager"``) and
+    packs each experts module on its first call: it saves no memory. Options for it:
+    :func:`torch_ktmoe.integrations.transformers_experts.configure_experts_implementation`.
+    Use ``patch_model``/``from_pretrained`` here to actually drop the dense weights.
+
+Supported experts classes: MixtralExperts, Qwen2MoeExperts, Qwen3MoeExperts,
+OlmoeExperts, DeepseekV3Experts. gpt-oss and any other experts block are refused
+with :class:`UnsupportedExpertsError` naming the class (``strict=False`` leaves
+them dense and lists them in the report).
+
+A patched model is for inference: ``save_pretrained`` of it is not supported.
+``KTMoEExperts`` does not dispatch on ``config._experts_implementation`` (patching sets
+it to ``"ktmoe"`` so ``model.get_experts_implementation()`` tells the truth; switching it
+afterwards changes nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .integrations.transformers_experts import (
+    SUPPORTED_EXPERTS_CLASSES,
+    KTMoEExperts,
+    UnsupportedExpertsError,
+    _ktmoe_cls,
+    experts_dims,
+    looks_like_experts,
+    register_experts_implementation,
+    unsupported_reason,
+)
+
+__all__ = [
+    "patch_model",
+    "from_pretrained",
+    "find_experts_blocks",
+    "PatchReport",
+    "RefusedBlock",
+    "ExpertsBlock",
+    "UnsupportedExpertsError",
+    "SUPPORTED_EXPERTS_CLASSES",
+]
+
+register_experts_implementation("ktmoe")
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpertsBlock:
+    name: str  # dotted module path, e.g. "model.layers.3.mlp.experts"
+    module: nn.Module
+    layer_idx: int
+    class_name: str
+
+
+@dataclass
+class RefusedBlock:
+    name: str
+    class_name: str
+    reason: str
+
+
+@dataclass
+class PatchReport:
+    layers_patched: list[int] = field(default_factory=list)  # layer_idx of each replaced experts block
+    module_names: list[str] = field(default_factory=list)
+    replaced_classes: dict[str, int] = field(default_factory=dict)  # class name -> count
+    packed_bytes: int = 0  # sum of KTMoE.packed_bytes
+    file_backed_bytes: int = 0  # sum of KTMoE.file_backed_bytes
+    dense_bytes_freed: int = 0  # bytes of the dense expert parameters dropped (0 for from_pretrained)
+    refused: list[RefusedBlock] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers_patched)
+
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def find_experts_blocks(model: nn.Module) -> tuple[list[ExpertsBlock], list[RefusedBlock]]:
+    """Supported and refused experts blocks of ``model``, in module order."""
+    found: list[ExpertsBlock] = []
+    refused: list[RefusedBlock] = []
+    used: set[int] = set()
+    skip_prefixes: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(p) for p in skip_prefixes):
+            continue
+        if not looks_like_experts(name, module):
+            continue
+        skip_prefixes.append(name + ".")
+        cls_name = type(module).__name__
+        reason = (
+            f"{cls_name} is a list of per-expert modules, not a fused transformers 5 experts module"
+            if isinstance(module, nn.ModuleList)
+            else unsupported_reason(module)
+        )
+        if reason is not None:
+            refused.append(RefusedBlock(name, cls_name, reason))
+            continue
+        matches = _LAYER_RE.findall(name)
+        idx = int(matches[-1]) if matches else None
+        if idx is None or idx in used:
+            idx = max(used, default=-1) + 1
+        used.add(idx)
+        found.append(ExpertsBlock(name, module, idx, cls_name))
+    return found, refused
+
+
+def _refusal_error(model: nn.Module, refused: list[RefusedBlock]) -> UnsupportedExpertsError:
+    lines = "\n".join(f"  {r.name}: {r.class_name}: {r.reason}" for r in refused)
+    return UnsupportedExpertsError(
+        f"torch_ktmoe cannot replace {len(refused)} experts block(s) of {type(model).__name__}:\n{lines}\n"
+        "(pass strict=False to patch the supported blocks and leave these dense)"
+    )
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, new)
+
+
+def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs):
+    if mmap_experts_dir is not None:
+        os.makedirs(mmap_experts_dir, exist_ok=True)  # KTMoE itself falls back to anonymous memory if it is missing
+    return _ktmoe_cls()(
+        E,
+        top_k,
+        H,
+        I,
+        weight_format=weight_format,
+        mmap_experts_dir=None if mmap_experts_dir is None else os.fspath(mmap_experts_dir),
+        layer_idx=layer_idx,
+        **ktmoe_kwargs,
+    )
+
+
+def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
+    E, H, I = experts_dims(block.module)
+    return KTMoEExperts(
+        ktmoe,
+        num_experts=E,
+        hidden_dim=H,
+        intermediate_dim=I,
+        top_k=int(block.module.config.num_experts_per_tok),
+        layer_idx=block.layer_idx,
+        replaced_class=block.class_name,
+    )
+
+
+def _mark_config(model: nn.Module) -> None:
+    # Report "ktmoe" from model.get_experts_implementation(); KTMoEExperts itself does not dispatch on it.
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_experts_implementation_internal"):
+            cfg._experts_implementation_internal = "ktmoe"
+
+
+# ---------------------------------------------------------------------------------------------
+# patch_model
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def patch_model(
+    model: nn.Module,
+    *,
+    mmap_experts_dir: str | os.PathLike | None = None,
+    weight_format: str = "bf16",
+    strict: bool = True,
+    free_dense: bool = True,
+    progress: bool = False,
+    **ktmoe_kwargs,
+) -> PatchReport:
+    """Replace every experts block of a loaded transformers model by KTMoE, in place.
+
+    ``ktmoe_kwargs`` (``numa_parts=``, ``group_size=``) go to the ``KTMoE`` constructor.
+    With ``free_dense`` the replaced ``gate_up_proj``/``down_proj`` Parameters get an
+    empty ``.data``, so their memory is released even if something else still holds
+    the Parameter objects. Raises :class:`UnsupportedExpertsError` (naming the class)
+    for unsupported blocks unless ``strict=False``. The report is also stored as
+    ``model.ktmoe_report``.
+    """
+    blocks, refused = find_experts_blocks(model)
+    if refused and strict:
+        raise _refusal_error(model, refused)
+    if not blocks and not refused:
+        raise ValueError(f"{type(model).__name__}: no Mixture-of-Experts experts block found")
+    for b in blocks:
+        for pname in ("gate_up_proj", "down_proj"):
+            if getattr(b.module, pname).is_meta:
+                raise ValueError(
+                    f"{b.name}.{pname} is on the meta device; load the weights first "
+                    "(or use torch_ktmoe.hf.from_pretrained)"
+                )
+    report = PatchReport(refused=list(refused))
+    it = blocks
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(blocks, desc="ktmoe: packing experts", unit="layer")
+    for b in it:
+        E, H, I = experts_dims(b.module)
+        top_k = int(b.module.config.num_experts_per_tok)
+        ktm = _make_ktmoe(E, top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs)
+        ktm.load_weights(b.module.gate_up_proj.detach(), b.module.down_proj.detach())
+        _set_submodule(model, b.name, _adapter_for(b, ktm))
+        dense = sum(p.numel() * p.element_size() for p in b.module.parameters(recurse=True))
+        if free_dense:
+            for p in b.module.parameters(recurse=True):
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        _account(report, b, ktm, dense)
+        b.module = None  # drop our reference to the old module
+    if not refused:
+        _mark_config(model)
+    model.ktmoe_report = report
+    return report
+
+
+def _account(report: PatchReport, b: ExpertsBlock, ktm, dense_bytes: int) -> None:
+    report.layers_patched.append(b.layer_idx)
+    report.module_names.append(b.name)
+    report.replaced_classes[b.class_name] = report.replaced_classes.get(b.class_name, 0) + 1
+    report.packed_bytes += int(ktm.packed_bytes)
+    report.file_backed_bytes += int(ktm.file_backed_bytes)
+    report.dense_bytes_freed += dense_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# from_pretrained: transformers loads the non-expert weights, we stream the experts
+# ---------------------------------------------------------------------------------------------
+
+
+class _Checkpoint:
+    """Key -> shard index over a directory of safetensors files, with lazily opened handles."""
+
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        self._safe_open = safe_open
+        self._stack = contextlib.ExitStack()
+        self._handles: dict[str, object] = {}
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            self.key_to_file = {k: os.path.join(path, v) for k, v in weight_map.items()}
+        else:
+            files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors file in {path}")
+            self.key_to_file = {}
+            for fn in files:
+                full = os.path.join(path, fn)
+                for k in self._open(full).keys():
+                    self.key_to_file[k] = full
+
+    def _open(self, file: str):
+        h = self._handles.get(file)
+        if h is None:
+            h = self._stack.enter_context(self._safe_open(file, framework="pt", device="cpu"))
+            self._handles[file] = h
+        return h
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.key_to_file
+
+    def get(self, key: str) -> torch.Tensor:
+        return self._open(self.key_to_file[key]).get_tensor(key)
+
+    def get_row(self, key: str, i: int) -> torch.Tensor:
+        """``tensor[i]`` of a stacked tensor, reading only that slice."""
+        return self._open(self.key_to_file[key]).get_slice(key)[i]
+
+    def shape(self, key: str) -> list[int]:
+        return list(self._open(self.key_to_file[key]).get_slice(key).get_shape())
+
+    def close(self) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+
+# per-expert key layouts: (gate, up, down) suffixes under "<prefix>.<e>."
+_PER_EXPERT_LAYOUTS = (
+    ("gate_proj.weight", "up_proj.weight", "down_proj.weight"),  # Qwen2/3-MoE, OLMoE, DeepSeek-V3
+    ("w1.weight", "w3.weight", "w2.weight"),  # Mixtral
+)
+
+
+def _candidate_prefixes(name: str, base_model_prefix: str) -> list[str]:
+    names = [name]
+    if ".mlp.experts" in name:  # Mixtral checkpoints: block_sparse_moe
+        names.append(name.replace(".mlp.experts", ".block_sparse_moe.experts"))
+    out: list[str] = []
+    for n in names:
+        out.append(n)
+        if base_model_prefix:
+            bp = base_model_prefix + "."
+            out.append(n[len(bp) :] if n.startswith(bp) else bp + n)
+    return list(dict.fromkeys(out))
+
+
+def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, ktm, dtype, base_model_prefix):
+    """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time."""
+    tried = []
+    for p in _candidate_prefixes(b.name, base_model_prefix):
+        gu_key, dn_key = f"{p}.gate_up_proj", f"{p}.down_proj"
+        tried.append(gu_key)
+        if gu_key in ckpt and dn_key in ckpt:
+            if ckpt.shape(gu_key) != [E, 2 * I, H] or ckpt.shape(dn_key) != [E, H, I]:
+                raise ValueError(
+                    f"{gu_key}: shapes {ckpt.shape(gu_key)} / {ckpt.shape(dn_key)}, "
+                    f"expected [E, 2I, H]={[E, 2 * I, H]} / [E, H, I]={[E, H, I]}"
+                )
+            for e in range(E):
+                ktm.load_expert(e, ckpt.get_row(gu_key, e).to(dtype), ckpt.get_row(dn_key, e).to(dtype))
+            return
+        for g_sfx, u_sfx, d_sfx in _PER_EXPERT_LAYOUTS:
+            first = f"{p}.0.{g_sfx}"
+            tried.append(first)
+            if first not in ckpt:
+                continue
+            for e in range(E):
+                g = ckpt.get(f"{p}.{e}.{g_sfx}")
+                u = ckpt.get(f"{p}.{e}.{u_sfx}")
+                d = ckpt.get(f"{p}.{e}.{d_sfx}")
+                if list(g.shape) != [I, H] or list(u.shape) != [I, H] or list(d.shape) != [H, I]:
+                    raise ValueError(f"{p}.{e}: shapes {list(g.shape)}, {list(u.shape)}, {list(d.shape)}")
+                ktm.load_expert(e, torch.cat([g, u], 0).to(dtype), d.to(dtype))
+                del g, u, d
+            return
+    raise KeyError(f"{b.name} ({b.class_name}): no expert weights in the checkpoint; looked for {tried}")
+
+
+_LOAD_HOOK_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _before_and_after_weight_loading(before, after):
+    """Run ``before(model)`` after transformers built the (meta) model and before it loads weights,
+    and ``after(model, loading_info)`` right after; both through ``PreTrainedModel._load_pretrained_model``."""
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.__dict__["_load_pretrained_model"]
+    fn = original.__func__ if isinstance(original, staticmethod) else original
+    fired: list[bool] = []
+
+    def hooked(model, *args, **kwargs):
+        before(model)
+        fired.append(True)
+        out = fn(model, *args, **kwargs)
+        info = out[0] if isinstance(out, tuple) else out
+        after(model, info)
+        return out
+
+    with _LOAD_HOOK_LOCK:
+        PreTrainedModel._load_pretrained_model = staticmethod(hooked)
+        try:
+            yield fired
+        finally:
+            PreTrainedModel._load_pretrained_model = original
+
+
+def _resolve_dir(path) -> str:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py"])
+
+
+def from_pretrained(
+    pretrained_model_name_or_path,
+    *,
+    mmap_experts_dir: str | os.PathLike | None = None,
+    weight_format: str = "bf16",
+    dtype=None,
+    torch_dtype=None,
+    model_class=None,
+    strict: bool = True,
+    progress: bool = True,
+    ktmoe_kwargs: dict | None = None,
+    **hf_kwargs,
+):
+    """Load a transformers MoE model with its experts packed into KTMoE, streaming them from safetensors.
+
+    ``dtype`` (or its old name ``torch_dtype``) is the dtype of the non-expert weights
+    and of the expert tensors handed to KTMoE (fp32 or bf16; anything else -> fp32), as
+    with transformers' ``from_pretrained``. ``model_class`` defaults to
+    ``AutoModelForCausalLM``; other keyword arguments go to its ``from_pretrained``.
+    Equivalent to ``patch_model(model_class.from_pretrained(path, dtype=dtype), ...)``
+    without ever holding the dense experts. Returns the model; ``model.ktmoe_report``
+    is the :class:`PatchReport`.
+    """
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        model_class = AutoModelForCausalLM
+    if dtype is None:
+        dtype = torch_dtype
+    if dtype is not None:
+        hf_kwargs["dtype"] = dtype
+    if hf_kwargs.get("quantization_config") is not None:
+        raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
+    path = _resolve_dir(pretrained_model_name_or_path)
+    ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    state: dict = {}
+
+    def before(model):
+        if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+            raise ValueError(
+                f"{type(model).__name__}: quantized checkpoints (config.quantization_config) are not supported; "
+                "dequantize the checkpoint to bf16 first"
+            )
+        blocks, refused = find_experts_blocks(model)
+        if refused and strict:
+            raise _refusal_error(model, refused)
+        if not blocks and not refused:
+            raise ValueError(f"{type(model).__name__}: no Mixture-of-Experts experts block found")
+        entries = []
+        for b in blocks:
+            E, H, I = experts_dims(b.module)
+            adapter = _adapter_for(b, None)
+            _set_submodule(model, b.name, adapter)
+            entries.append((b, E, H, I, adapter))
+            b.module = None
+        state["entries"], state["refused"] = entries, refused
+
+    def after(model, info):
+        # the dense expert keys of the checkpoint were not loaded on purpose: not "unexpected"
+        unexpected = getattr(info, "unexpected_keys", None)
+        if not unexpected:
+            return
+        prefixes = set()
+        for b, *_ in state["entries"]:
+            prefixes.update(p + "." for p in _candidate_prefixes(b.name, model.base_model_prefix))
+        for k in list(unexpected):
+            if any(k.startswith(p) for p in prefixes):
+                unexpected.discard(k)
+
+    with _before_and_after_weight_loading(before, after) as fired:
+        model = model_class.from_pretrained(path, **hf_kwargs)
+    if not fired:
+        raise RuntimeError(
+            "torch_ktmoe.hf.from_pretrained: transformers did not call PreTrainedModel._load_pretrained_model; "
+            "this transformers version is not supported by the streaming loader (use patch_model)"
+        )
+
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
+    report = PatchReport(refused=list(state["refused"]))
+    ckpt = _Checkpoint(path)
+    try:
+        entries = state["entries"]
+        if progress:
+            from tqdm.auto import tqdm
+
+            entries = tqdm(entries, desc="ktmoe: streaming experts", unit="layer")
+        with torch.no_grad():
+            for b, E, H, I, adapter in entries:
+                ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs)
+                _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix)
+                adapter.ktmoe = ktm
+                _account(report, b, ktm, 0)
+    finally:
+        ckpt.close()
+    if not report.refused:
+        _mark_config(model)
+    model.ktmoe_report = report
+    return model

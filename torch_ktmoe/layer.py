@@ -1,0 +1,165 @@
+"""KTMoE: an nn.Module over packed experts, the Hugging Face experts signature."""
+import os
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from . import ops
+from ._native import _C
+from .arena import WeightArena
+
+
+class KTMoE(nn.Module):
+    """The routed experts of one MoE layer, run by ``torch.ops.ktmoe.moe_forward``.
+
+    Args:
+        num_experts, top_k, hidden_size, intermediate_size: the layer's shape
+            (E, k, H, I).
+        weight_format: ``"bf16"``, ``"int8"`` or ``"int4"`` (see README, Formats).
+        mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
+            directory keeps them in ``MAP_SHARED`` files under it, one per
+            (layer, NUMA part), named from ``layer_idx``: clean page cache that the
+            kernel can reclaim and refault instead of swapping. Nothing else
+            changes. A directory that cannot hold them (missing, unwritable,
+            tmpfs, full) falls back to anonymous memory with a warning.
+        layer_idx: names the layer's arena files.
+        numa_parts: split the experts along the intermediate dimension into this
+            many parts, one arena per part, first-touched on NUMA node
+            ``part % nodes``; partial outputs are summed in fp32. Default: the
+            host's NUMA node count.
+        group_size: int4 group size along the input dimension (default 32).
+        hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
+
+    ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
+    returns the weighted sum of the routed experts, shaped and typed like
+    ``hidden_states`` (bf16 or fp32). Ids < 0 are skipped.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
+                 layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
+                 hugepage: bool = True):
+        super().__init__()
+        if weight_format not in ops.WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {ops.WEIGHT_FORMATS}, got {weight_format!r}")
+        nodes = _C.numa_node_count()
+        parts = nodes if numa_parts is None else int(numa_parts)
+        if not 1 <= parts <= intermediate_size:
+            raise ValueError(f"numa_parts must be in [1, intermediate_size={intermediate_size}], got {parts}")
+        self.num_experts, self.top_k = int(num_experts), int(top_k)
+        self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
+        self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
+        self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
+        # Intermediate columns [bounds[p], bounds[p+1]) belong to part p.
+        self._bounds = [intermediate_size * p // parts for p in range(parts + 1)]
+        self.arenas = [
+            WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}",
+                        hugepage=hugepage, numa_node=p % nodes if nodes > 1 else -1)
+            for p in range(parts)
+        ]
+        for p in range(parts):
+            self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
+            self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
+        self._pending = {}  # load_expert: dense experts waiting for the rest of the layer
+
+    # ---------------------------------------------------------------- loading
+    @property
+    def numa_parts(self) -> int:
+        return len(self.arenas)
+
+    @property
+    def loaded(self) -> bool:
+        return self.w13_0.numel() > 0
+
+    def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+        """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+        inter = self.intermediate_size
+        self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
+        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj)
+
+    def load_weights_separate(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+        """Pack separate gate [E, I, H], up [E, I, H], down [E, H, I] (kt-kernel layout)."""
+        shape = (self.num_experts, self.intermediate_size, self.hidden_size)
+        self._check_shape("gate", gate, shape)
+        self._check_shape("up", up, shape)
+        self._pack(gate, up, down)
+
+    def load_expert(self, expert: int, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+        """Give one expert (gate_up [2I, H], down [H, I]); the layer is packed when all E are in.
+
+        Holds at most one layer's dense experts, so a checkpoint can be streamed
+        expert by expert.
+        """
+        if not 0 <= expert < self.num_experts:
+            raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
+        self._check_shape("gate_up_proj", gate_up_proj, (2 * self.intermediate_size, self.hidden_size))
+        self._check_shape("down_proj", down_proj, (self.hidden_size, self.intermediate_size))
+        self._pending[expert] = (gate_up_proj, down_proj)
+        if len(self._pending) == self.num_experts:
+            pending, self._pending = self._pending, {}
+            gate_up = torch.stack([pending[e][0] for e in range(self.num_experts)])
+            down = torch.stack([pending[e][1] for e in range(self.num_experts)])
+            del pending
+            self.load_weights(gate_up, down)
+
+    def _check_shape(self, name, t, shape):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
+
+    def _pack(self, gate, up, down):
+        self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
+        with torch.no_grad():
+            for p, arena in enumerate(self.arenas):
+                lo, hi = self._bounds[p], self._bounds[p + 1]
+                w13, w2 = ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
+                                           up=up[:, lo:hi], group_size=self.group_size, arena=arena)
+                setattr(self, f"w13_{p}", w13)
+                setattr(self, f"w2_{p}", w2)
+
+    def packed_tensors(self) -> List[tuple]:
+        """[(w13, w2)] per NUMA part."""
+        return [(getattr(self, f"w13_{p}"), getattr(self, f"w2_{p}")) for p in range(self.numa_parts)]
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        if not self.loaded:
+            raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, self.hidden_size)
+        ids = topk_ids.reshape(x.shape[0], -1)
+        weights = topk_weights.reshape(x.shape[0], -1)
+        if self.numa_parts == 1:
+            out = torch.ops.ktmoe.moe_forward(x, ids, weights, self.w13_0, self.w2_0)
+        else:  # partial outputs of the parts, summed in fp32
+            xf = x.float()
+            out = sum(torch.ops.ktmoe.moe_forward(xf, ids, weights, w13, w2)
+                      for w13, w2 in self.packed_tensors()).to(x.dtype)
+        return out.reshape(shape)
+
+    # ---------------------------------------------------------------- reporting
+    @property
+    def packed_bytes(self) -> int:
+        return sum(w13.numel() + w2.numel() for w13, w2 in self.packed_tensors())
+
+    @property
+    def file_backed_bytes(self) -> int:
+        return sum(a.stats()["file_backed_bytes"] for a in self.arenas)
+
+    def arena_stats(self) -> List[dict]:
+        """Per NUMA part: allocations, file_backed_bytes, anon_bytes, fallbacks, reasons."""
+        return [dict(a.stats(), name=a.name, dir=a.dir, file_mode=a.file_mode) for a in self.arenas]
+
+    def extra_repr(self) -> str:
+        if self.mmap_experts_dir is None:
+            storage = "anonymous"
+        elif self.loaded and self.file_backed_bytes == self.packed_bytes:
+            storage = f"file-backed in {self.mmap_experts_dir}"
+        else:
+            storage = f"file-backed in {self.mmap_experts_dir} (with anonymous fallback)"
+        return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
+                f"intermediate={self.intermediate_size}, format={self.weight_format}, "
+                f"numa_parts={self.numa_parts}, packed={self.packed_bytes / 2**20:.1f} MiB, "
+                f"storage={storage}")
