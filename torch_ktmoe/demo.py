@@ -64,12 +64,12 @@ def generate(model, prompt, new_tokens, progress=True):
         t0 = time.perf_counter()
         out = model(input_ids=prompt, use_cache=True)
         prefill = time.perf_counter() - t0
-        past, logits = out.past_key_values, out.logits[:, -1]
+        past, logits = out.cache, out.logits[:, -1]
         tokens = [int(logits.argmax(-1))]
         t0 = time.perf_counter()
         for _ in tqdm(range(new_tokens - 1), desc="  decoding", unit="tok", disable=not progress, leave=False):
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=past, use_cache=True)
+            past, logits = out.cache, out.logits[:, -1]
             tokens.append(int(logits.argmax(-1)))
         decode = time.perf_counter() - t0
     return tokens, logits.float(), prefill, decode
