@@ -34,7 +34,9 @@
 //
 // Scratch: one 64-byte-aligned block per call, carved into the buffers below; it
 // is owned by the calling thread and kept (grow-only) for the next call, so a
-// steady stream of forwards does not page-fault fresh memory every time.
+// steady stream of forwards does not page-fault fresh memory every time. A block
+// above kRetainBytes (a long prefill) is freed after the call: anonymous memory
+// is what this library keeps small.
 #include "kernels/moe_driver.h"
 
 #include <algorithm>
@@ -52,10 +54,11 @@ namespace {
 
 constexpr int64_t kTokenTile = 32;           // rows per gemm call
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
-constexpr int64_t kMinItemBytes = 32 << 10;  // decode: weight bytes per item (at least one unit)
+constexpr int64_t kMinItemBytes = 128 << 10;  // decode: weight bytes per item (at least one unit)
 constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
 constexpr int64_t kCombineCols = 512;        // combine: fp32 accumulator columns on the stack
 constexpr size_t kAlign = 64;
+constexpr size_t kRetainBytes = size_t(64) << 20;  // largest scratch kept between calls
 
 // Grow-only, 64-byte-aligned scratch owned by one (calling) thread.
 class Scratch {
@@ -75,6 +78,11 @@ class Scratch {
       cap_ = cap;
     }
     return ptr_;
+  }
+  void release() {
+    std::free(ptr_);
+    ptr_ = nullptr;
+    cap_ = 0;
   }
 
  private:
@@ -333,6 +341,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
       }
     }
   });
+  if (layout.size > kRetainBytes) scratch.release();
 }
 
 }  // namespace ktmoe

@@ -70,6 +70,18 @@ struct Int8Fmt {
     }
   }
 
+  // acc[0] = Σ of the sets.
+  template <int MR, int NB, int S>
+  static inline void reduce(__m512i (&acc)[S][MR][NB]) {
+#pragma GCC unroll 4
+    for (int t = 1; t < S; ++t)
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j)
+          acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[t][i][j]);
+  }
+
   // y = (sx * s[n]) * float(Σ u·xq − 128·Σ xq)
   static inline __m512 finish(__m512i acc, float sx, int32_t gsum, const IntCtx& x,
                               int64_t block) {
@@ -88,6 +100,8 @@ struct Int4Fmt {
   static constexpr int kSets = MR * NB <= 2 ? 4 : MR * NB <= 4 ? 2 : 1;
 
   // Low nibbles into set (2P) % S, high nibbles into set (2P + 1) % S, P = s & 1.
+  // With S >= 2 the high nibbles go in unshifted (v & 0xF0 = 16·q, one op less)
+  // and reduce() divides their sets by 16, exactly: every term is a multiple of 16.
   template <int MR, int NB, int S, int kStride, int P>
   static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
                           const ARows& a, int64_t s) {
@@ -98,7 +112,8 @@ struct Int4Fmt {
     for (int j = 0; j < NB; ++j) {
       const __m512i v = _mm512_loadu_si512(w + j * bstride + s * 64);
       const __m512i lo = _mm512_and_si512(v, nib);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      const __m512i hi = S >= 2 ? _mm512_andnot_si512(nib, v)
+                                : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xq = a_at<kStride>(a, i, s, 8);
@@ -106,6 +121,24 @@ struct Int4Fmt {
         acc[kLo][i][j] = _mm512_dpbusd_epi32(acc[kLo][i][j], lo, bcast32(xq));
         acc[kHi][i][j] = _mm512_dpbusd_epi32(acc[kHi][i][j], hi, bcast32(xq + 4));
       }
+    }
+  }
+
+  // acc[0] = Σ low-nibble sets + (Σ high-nibble sets) / 16 (S >= 2), exact.
+  template <int MR, int NB, int S>
+  static inline void reduce(__m512i (&acc)[S][MR][NB]) {
+    if constexpr (S >= 2) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          __m512i lo = acc[0][i][j], hi = acc[1][i][j];
+          if constexpr (S == 4) {
+            lo = _mm512_add_epi32(lo, acc[2][i][j]);
+            hi = _mm512_add_epi32(hi, acc[3][i][j]);
+          }
+          acc[0][i][j] = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
+        }
     }
   }
 
@@ -150,8 +183,8 @@ struct IntGemm {
         for (int j = 0; j < NB; ++j) acc[s][i][j] = _mm512_setzero_si512();
   }
 
-  // steps [s0, s1) into acc[0] (the S accumulator sets are summed into set 0;
-  // s0 and s1 are even: kp / 4, group / 8 and the chunks are multiples of 4).
+  // steps [s0, s1) into acc[0] (F::reduce folds the S accumulator sets into set
+  // 0; s0 and s1 are even: kp / 4, group / 8 and the chunks are multiples of 4).
   template <int MR, int NB, int S, int kStride>
   static inline void steps(__m512i (&acc)[S][MR][NB], const uint8_t* w, const Ctx& x,
                            const ARows& a, int64_t s0, int64_t s1) {
@@ -159,13 +192,7 @@ struct IntGemm {
       F::template step<MR, NB, S, kStride, 0>(acc, w, x.bstride, a, s);
       F::template step<MR, NB, S, kStride, 1>(acc, w, x.bstride, a, s + 1);
     }
-#pragma GCC unroll 4
-    for (int t = 1; t < S; ++t)
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j)
-          acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[t][i][j]);
+    F::reduce(acc);
   }
 
   // Rows [m0, m0+MR) x blocks [b, b+NB) x steps [s0, s1). Partials between
