@@ -4,7 +4,7 @@ PYTHON ?= python3
 PIP    ?= $(PYTHON) -m pip
 STAMP  := build/.deps-stamp
 
-.PHONY: deps build demo test bench install clean
+.PHONY: deps build demo test bench peers install clean
 
 $(STAMP): requirements.txt
 	$(PIP) install -q -r requirements.txt
@@ -23,6 +23,11 @@ test: build
 
 bench: build
 	$(PYTHON) -m benchmarks.bench_moe
+
+# Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages).
+peers: deps
+	$(PIP) install -q --no-deps kt-kernel==0.7.2
+	$(PIP) install -q gguf
 
 # Install into site-packages (builds against the installed torch).
 install: deps
