@@ -3,9 +3,10 @@
 Run: python -m benchmarks.bench_arena [--gib 1] [--slice-mib 16] [--repeats 3]
 
 Per mode, for --gib GiB in slices of --slice-mib MiB: allocation time, first write
-(the packing pass) GB/s, anonymous / file RSS growth (memory_report), warm read
-GB/s, cold read GB/s after the page cache is dropped (root only: refaults from
-disk) and FilePmdMapped (file pages mapped 2 MiB at a time). Medians of repeats.
+(the packing pass) GB/s, anonymous / file RSS growth (memory_report), read GB/s
+of the resident slices, and FilePmdMapped (file pages mapped 2 MiB at a time).
+Medians of repeats. (A cold read needs the pages evicted while mapped, which
+drop_caches does not do; bench_memory.py measures cold starts in a new process.)
 Prints a markdown table and writes benchmarks/results/bench_arena.json.
 """
 import argparse
@@ -25,16 +26,6 @@ from torch_ktmoe.memory import _smaps_rollup
 MiB = 1 << 20
 
 
-def drop_page_cache() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-        return True
-    except OSError:
-        return False
-
-
 def one_run(directory, hugepage, total, slice_bytes):
     gc.collect()
     r0 = torch_ktmoe.memory_report()
@@ -51,16 +42,12 @@ def one_run(directory, hugepage, total, slice_bytes):
     _C.stream_read_seconds(slices)  # warm
     warm = min(_C.stream_read_seconds(slices) for _ in range(3))
     pmd = _smaps_rollup().get("FilePmdMapped", 0)
-    cold = None
-    if directory is not None and drop_page_cache():
-        cold = _C.stream_read_seconds(slices)
     row = {
         "alloc_ms": t_alloc * 1e3,
         "write_GBps": total / t_write / 1e9,
         "anon_rss_growth_MiB": (r1["anon_rss_bytes"] - r0["anon_rss_bytes"]) / MiB,
         "file_rss_growth_MiB": (r1["file_rss_bytes"] - r0["file_rss_bytes"]) / MiB,
-        "warm_read_GBps": total / warm / 1e9,
-        "cold_read_GBps": total / cold / 1e9 if cold else None,
+        "read_GBps": total / warm / 1e9,
         "file_pmd_mapped_MiB": pmd / MiB,
         "fallbacks": arena.stats()["fallbacks"],
     }
