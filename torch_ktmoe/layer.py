@@ -61,7 +61,7 @@ class KTMoE(nn.Module):
         for p in range(parts):
             self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
-        self._pending = {}  # load_expert: dense experts waiting for the rest of the layer
+        self._pending = {}  # load_expert: the layer's dense experts until all have arrived
 
     # ---------------------------------------------------------------- loading
     @property
@@ -95,13 +95,15 @@ class KTMoE(nn.Module):
             raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
         self._check_shape("gate_up_proj", gate_up_proj, (2 * self.intermediate_size, self.hidden_size))
         self._check_shape("down_proj", down_proj, (self.hidden_size, self.intermediate_size))
-        self._pending[expert] = (gate_up_proj, down_proj)
-        if len(self._pending) == self.num_experts:
+        if not self._pending:  # one dense layer, filled in place (no stacking copy)
+            self._pending = {"gate_up": gate_up_proj.new_empty((self.num_experts, *gate_up_proj.shape)),
+                             "down": down_proj.new_empty((self.num_experts, *down_proj.shape)), "have": set()}
+        self._pending["gate_up"][expert].copy_(gate_up_proj)
+        self._pending["down"][expert].copy_(down_proj)
+        self._pending["have"].add(expert)
+        if len(self._pending["have"]) == self.num_experts:
             pending, self._pending = self._pending, {}
-            gate_up = torch.stack([pending[e][0] for e in range(self.num_experts)])
-            down = torch.stack([pending[e][1] for e in range(self.num_experts)])
-            del pending
-            self.load_weights(gate_up, down)
+            self.load_weights(pending["gate_up"], pending["down"])
 
     def _check_shape(self, name, t, shape):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
