@@ -103,6 +103,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
            "push dirty pages of the backing file to disk (clean, reclaimable page cache)")
+      .def("resident_bytes", [](const PyArena& a) { return a.arena->resident_bytes(); },
+           py::call_guard<py::gil_scoped_release>(),
+           "bytes in RAM: mincore over the file's slices + anonymous allocations")
+      .def("evict", [](const PyArena& a) {
+             std::string error;
+             if (!a.arena->evict(&error)) throw std::runtime_error(error);
+           },
+           py::call_guard<py::gil_scoped_release>(),
+           "drop the backing file's pages from memory (writeback, MADV_DONTNEED, fadvise DONTNEED)")
+      .def("prefault", [](const PyArena& a, bool wait) {
+             std::string error;
+             if (!a.arena->prefault(wait, &error)) throw std::runtime_error(error);
+           },
+           py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+           "read the backing file into memory (MADV_POPULATE_READ, else MADV_WILLNEED); "
+           "wait=False: on a background thread")
+      .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
+           py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
+      .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
       .def_property_readonly("key", [](const PyArena& a) { return a.key; })
       .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
       .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })
@@ -122,6 +141,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["fallback_reasons"] = s.fallback_reasons;
     return d;
   });
+  m.def("live_arenas", [] {
+    // Snapshot first, then mincore without the GIL; the list holds no arena.
+    std::vector<std::pair<std::string, std::shared_ptr<ktmoe::KtWeightArena>>> arenas;
+    std::vector<int64_t> resident;
+    {
+      py::gil_scoped_release release;
+      arenas = ktmoe::live_arenas();
+      for (const auto& kv : arenas) resident.push_back(kv.second->resident_bytes());
+    }
+    py::list out;
+    for (size_t i = 0; i < arenas.size(); ++i) {
+      const auto& arena = arenas[i].second;
+      py::dict d = arena_stats_dict(arena->stats());
+      d["key"] = arenas[i].first;
+      d["name"] = arena->name();
+      d["dir"] = arena->dir();
+      d["file_mode"] = arena->file_mode();
+      d["resident_bytes"] = resident[i];
+      out.append(d);
+    }
+    return out;
+  }, "per live arena: key, name, dir, file_mode, resident_bytes and its stats()");
   m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
         py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
   m.def("set_isa", &ktmoe::set_isa, py::arg("name"));

@@ -94,6 +94,8 @@ void KtWeightArena::open_file() {
 }
 
 KtWeightArena::~KtWeightArena() {
+  prefault_stop_.store(true);
+  join_prefault();  // the background prefault reads slices that are unmapped below
   for (const Slice& s : slices_) {
     if (s.mapped)
       ::munmap(s.addr, s.bytes);

@@ -20,6 +20,10 @@
 // file mappings; page-cache pages land on the node of the first faulting
 // thread). One node: a no-op.
 //
+// Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
+// (drop the file's pages from memory), prefault() (warm the file, optionally
+// on one background I/O thread that the destructor stops and joins).
+//
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
 // Tensors that view arena memory hold a shared_ptr to it (ops layer).
 #pragma once
@@ -29,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ktmoe {
@@ -81,6 +86,30 @@ class KtWeightArena {
   // than RAM (or a cgroup limit) must do this as it goes. No-op when anonymous.
   bool writeback(bool wait, std::string* error);
 
+  // Bytes of the arena currently in RAM: mincore over the mapped slices plus every
+  // anonymous allocation (anonymous memory counts as resident). Thread-safe.
+  int64_t resident_bytes() const;
+
+  // Drops the file's pages from memory: writeback (wait), MADV_DONTNEED on every
+  // mapped slice (unmaps the pages from this process), then
+  // posix_fadvise(POSIX_FADV_DONTNEED) (frees the now clean, unmapped page
+  // cache). The data stays in the file and refaults on the next read (major
+  // faults). For tests and benchmarks of cold starts. No-op when anonymous.
+  bool evict(std::string* error);
+
+  // Reads the file's slices into memory: MADV_POPULATE_READ (Linux >= 5.14,
+  // synchronous, reports errors), falling back to MADV_WILLNEED (starts
+  // readahead only) where the kernel lacks it. wait=false runs it on one
+  // background thread (in 64 MiB steps; the destructor stops and joins it) and
+  // returns at once; a call first joins a previous background prefault.
+  // Returns false with *error on failure (wait=true only); a background error
+  // is kept in prefault_status(). No-op when anonymous.
+  bool prefault(bool wait, std::string* error);
+  void join_prefault();          // waits for a background prefault, if any
+  // "" (never run), "running", "populate_read", "willneed" (method that
+  // completed) or "error: ..." (what failed).
+  std::string prefault_status() const;
+
   // Reason of the first fallback, once; empty afterwards or if none.
   std::string warn_once();
 
@@ -100,6 +129,12 @@ class KtWeightArena {
   void* map_slice(int64_t n, std::string* error);
   void* alloc_anonymous(int64_t n);
   void record_fallback(const std::string& reason);
+  struct Span {
+    void* addr;
+    int64_t bytes;
+  };
+  std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
+  void run_prefault(const std::vector<Span>& spans);
 
   struct Slice {
     void* addr;
@@ -116,6 +151,12 @@ class KtWeightArena {
   std::vector<Slice> slices_;
   ArenaStats stats_;
   bool warned_ = false;
+  // background prefault (weight_arena_residency.cpp)
+  std::mutex prefault_mutex_;        // serialises prefault()/join_prefault()
+  std::thread prefault_thread_;
+  std::atomic<bool> prefault_stop_{false};
+  mutable std::mutex status_mutex_;
+  std::string prefault_status_;
 };
 
 }  // namespace ktmoe

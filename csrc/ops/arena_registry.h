@@ -9,6 +9,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "arena/weight_arena.h"
 
@@ -20,6 +22,10 @@ std::shared_ptr<KtWeightArena> open_registered_arena(const std::string& dir, con
 
 // The live arena with this key; throws a clear error if it is gone or unknown.
 std::shared_ptr<KtWeightArena> find_arena(const std::string& key);
+
+// Every live registered arena with its key, in key order (thread-safe snapshot:
+// memory_report's residency figures).
+std::vector<std::pair<std::string, std::shared_ptr<KtWeightArena>>> live_arenas();
 
 // A uint8 tensor of `sizes` (row-major, contiguous) in arena memory. An empty
 // key means the default CPU allocator. Fallbacks are not reported here: the
