@@ -1,5 +1,6 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature."""
 import os
+import warnings
 from typing import List, Optional
 
 import torch
@@ -8,6 +9,9 @@ from torch import nn
 from . import ops
 from ._native import _C
 from .arena import WeightArena
+
+
+WARM_MODES = ("none", "blocking", "background")
 
 
 class KTMoE(nn.Module):
@@ -30,6 +34,9 @@ class KTMoE(nn.Module):
             host's NUMA node count.
         group_size: int4 group size along the input dimension (default 32).
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
+        warm: ``"none"`` (default), ``"blocking"`` or ``"background"``: after
+            loading, prefault the layer's files (see :meth:`warm`) and return
+            when done, or on one background thread per arena.
 
     ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
     returns the weighted sum of the routed experts, shaped and typed like
@@ -39,8 +46,10 @@ class KTMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
-                 hugepage: bool = True):
+                 hugepage: bool = True, warm: str = "none"):
         super().__init__()
+        if warm not in WARM_MODES:
+            raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
         if weight_format not in ops.WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {ops.WEIGHT_FORMATS}, got {weight_format!r}")
         nodes = _C.numa_node_count()
@@ -50,6 +59,7 @@ class KTMoE(nn.Module):
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
+        self.warm_mode = warm
         self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
         # Intermediate columns [bounds[p], bounds[p+1]) belong to part p.
         self._bounds = [intermediate_size * p // parts for p in range(parts + 1)]
@@ -117,6 +127,51 @@ class KTMoE(nn.Module):
                                            up=up[:, lo:hi], group_size=self.group_size, arena=arena)
                 setattr(self, f"w13_{p}", w13)
                 setattr(self, f"w2_{p}", w2)
+        if self.warm_mode != "none":
+            self.warm(wait=self.warm_mode == "blocking")
+
+    def warm(self, wait: bool = True) -> bool:
+        """Prefault this layer's expert files so the first forward runs at steady speed.
+
+        ``MADV_POPULATE_READ`` (Linux >= 5.14; synchronous, errors raise), else
+        ``MADV_WILLNEED`` (starts readahead only). ``wait=False`` returns at once
+        and reads on one background thread per arena (joined when the arena goes).
+
+        When the experts do not fit in RAM, reading all of them would evict the
+        hot experts (and anything else) to bring in cold ones, which is worse than
+        faulting on demand. So warm reads only when the bytes still missing fit in
+        the memory headroom (``MemAvailable``, or the memory cgroup's, see
+        :func:`torch_ktmoe.memory.memory_headroom_bytes`); otherwise it skips the
+        whole layer with a :class:`ResourceWarning` and returns False (experts
+        then fault in on first use, as without warm). Anonymous experts are
+        always resident: returns True at once.
+        """
+        from .memory import memory_headroom_bytes
+
+        file_arenas = [a for a in self.arenas if a.file_mode]
+        if not file_arenas:
+            return True
+        missing = sum(a.stats()["file_backed_bytes"] for a in file_arenas) - \
+            sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in file_arenas)
+        headroom = memory_headroom_bytes()
+        if missing > headroom:
+            warnings.warn(f"KTMoE(layer {self.layer_idx}): not warming {missing / 2**20:.0f} MiB of experts: "
+                          f"only {headroom / 2**20:.0f} MiB of memory headroom (warming would evict "
+                          "the hot set); experts fault in on first use", ResourceWarning, stacklevel=2)
+            return False
+        for a in file_arenas:
+            a.prefault(wait)
+        return True
+
+    def join_warm(self) -> None:
+        """Waits for a background :meth:`warm` to finish."""
+        for a in self.arenas:
+            a.join_prefault()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of this layer's packed experts in RAM (``mincore`` over its files)."""
+        return sum(a.resident_bytes() for a in self.arenas)
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
