@@ -104,12 +104,12 @@ def run_mode(args) -> int:
             cold = {}
             for variant in ("none", "blocking", "background"):
                 _drop(layers, method)
-                r0 = torch_ktmoe.memory_report()
                 t0 = time.perf_counter()
                 if variant != "none":
                     for layer in layers:
                         layer.warm(wait=variant == "blocking")
                 warm_s = time.perf_counter() - t0
+                r0 = torch_ktmoe.memory_report()  # after a blocking warm: its own faults are not the forward's
                 first = _forward_seconds(model, prompt)
                 r1 = torch_ktmoe.memory_report()
                 for layer in layers:
