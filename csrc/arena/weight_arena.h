@@ -20,6 +20,14 @@
 // file mappings; page-cache pages land on the node of the first faulting
 // thread). One node: a no-op.
 //
+// Persistence (weight_arena_cache.cpp), with options.persistent: no unnamed
+// file at open; instead begin_build() creates `<dir>/<name>.ktmoe.tmp.<pid>`,
+// allocations go into it, and commit_build() writes the cache header last,
+// fsyncs, renames it to `<name>.ktmoe` and fsyncs the directory (abort_build()
+// or the destructor remove an uncommitted temp file). open_cached() instead
+// validates an existing `<name>.ktmoe` against a CacheKey and maps its tensors
+// read-only. Locking between processes is the caller's (flock on the .lock).
+//
 // Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
 // (drop the file's pages from memory), prefault() (warm the file, optionally
 // on one background I/O thread that the destructor stops and joins).
@@ -35,6 +43,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "arena/cache_file.h"
 
 namespace ktmoe {
 
@@ -59,7 +69,12 @@ struct ProcessArenaStats {
 struct ArenaOptions {
   bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices
   int numa_node = -1;      // first-touch node; -1: none
+  bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
 };
+
+// Bytes of the file at `path` in the page cache (mincore over a read-only map);
+// -1 with *error when it cannot be opened or mapped.
+int64_t file_resident_bytes(const std::string& path, std::string* error);
 
 class KtWeightArena {
  public:
@@ -110,6 +125,19 @@ class KtWeightArena {
   // completed) or "error: ..." (what failed).
   std::string prefault_status() const;
 
+  // Persistent arenas only (see the note). begin_build: false with *error when
+  // the temp file cannot be made (allocations then fall back with that reason).
+  bool begin_build(std::string* error);
+  // Writes the header for the two tensors at `tensors` (w13, w2; both must be in
+  // the file), fsyncs, renames over the final name, fsyncs the directory. The
+  // slices become read-only. False with *error (the temp file is removed).
+  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors], std::string* error);
+  void abort_build();  // removes an uncommitted temp file; no-op otherwise
+  // "" and tensors[] set when `<dir>/<name>.ktmoe` is valid for `expect` (mapped
+  // PROT_READ, MAP_SHARED); else why not ("missing", "stale: ...", ...).
+  std::string open_cached(const CacheKey& expect, void* tensors[kCacheTensors]);
+  bool read_only() const { return read_only_; }
+
   // Reason of the first fallback, once; empty afterwards or if none.
   std::string warn_once();
 
@@ -127,6 +155,10 @@ class KtWeightArena {
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
   void* map_slice(int64_t n, std::string* error);
+  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the slice.
+  void* map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error);
+  void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
+  int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
   void* alloc_anonymous(int64_t n);
   void record_fallback(const std::string& reason);
   struct Span {
@@ -139,12 +171,15 @@ class KtWeightArena {
   struct Slice {
     void* addr;
     int64_t bytes;
-    bool mapped;  // munmap vs free
+    bool mapped;     // munmap vs free
+    int64_t offset;  // in the file; -1 when anonymous
   };
 
   const std::string dir_, name_;
   const ArenaOptions options_;
   int fd_ = -1;
+  std::string tmp_path_;   // persistent build in progress: the temp file's path
+  bool read_only_ = false; // fd_ opened O_RDONLY (open_cached)
   std::string open_error_;
   int64_t file_size_ = 0;
   mutable std::mutex mutex_;

@@ -49,7 +49,38 @@ int64_t page_size() {
   return p;
 }
 
+int64_t mincore_resident(void* addr, int64_t bytes) {
+  const int64_t page = page_size();
+  std::vector<unsigned char> vec(static_cast<size_t>((bytes + page - 1) / page), 0);
+  if (::mincore(addr, static_cast<size_t>(bytes), vec.data()) != 0) return 0;
+  int64_t resident = 0;
+  for (unsigned char v : vec) resident += (v & 1) ? page : 0;
+  return resident;
+}
+
 }  // namespace
+
+int64_t file_resident_bytes(const std::string& path, std::string* error) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = errno_text(("open '" + path + "'").c_str());
+    return -1;
+  }
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  int64_t resident = 0;
+  if (size > 0) {
+    void* addr = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+      *error = errno_text("mmap");
+      resident = -1;
+    } else {
+      resident = mincore_resident(addr, size);
+      ::munmap(addr, static_cast<size_t>(size));
+    }
+  }
+  ::close(fd);
+  return resident;
+}
 
 std::vector<KtWeightArena::Span> KtWeightArena::mapped_spans() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -65,15 +96,8 @@ int64_t KtWeightArena::resident_bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
     anon = stats_.anon_bytes;
   }
-  const int64_t page = page_size();
   int64_t resident = 0;
-  std::vector<unsigned char> vec;
-  for (const Span& s : mapped_spans()) {  // slices stay mapped until destruction
-    const int64_t pages = (s.bytes + page - 1) / page;
-    vec.assign(static_cast<size_t>(pages), 0);
-    if (::mincore(s.addr, static_cast<size_t>(s.bytes), vec.data()) != 0) continue;
-    for (unsigned char v : vec) resident += (v & 1) ? page : 0;
-  }
+  for (const Span& s : mapped_spans()) resident += mincore_resident(s.addr, s.bytes);  // mapped until destruction
   return resident + anon;
 }
 

@@ -56,7 +56,10 @@ at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArray
   int64_t bytes = 1;
   for (int64_t s : sizes) bytes *= s;
   bool file_backed = false;
-  void* data = arena->alloc(bytes, &file_backed);
+  return arena_tensor(arena, arena->alloc(bytes, &file_backed), sizes);
+}
+
+at::Tensor arena_tensor(const std::shared_ptr<KtWeightArena>& arena, void* data, at::IntArrayRef sizes) {
   return at::from_blob(
       data, sizes, [arena](void*) {}, at::TensorOptions().dtype(at::kByte));
 }

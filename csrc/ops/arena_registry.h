@@ -31,6 +31,9 @@ std::vector<std::pair<std::string, std::shared_ptr<KtWeightArena>>> live_arenas(
 // key means the default CPU allocator. Fallbacks are not reported here: the
 // Python side turns the arena's warn_once() into a warning.
 at::Tensor arena_empty(const std::string& key, at::IntArrayRef sizes);
+
+// A uint8 tensor of `sizes` viewing `data` (memory of `arena`); keeps the arena alive.
+at::Tensor arena_tensor(const std::shared_ptr<KtWeightArena>& arena, void* data, at::IntArrayRef sizes);
 at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes);
 
 }  // namespace ktmoe
