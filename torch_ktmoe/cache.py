@@ -64,6 +64,12 @@ def checkpoint_fingerprint(path: str, extra: str = "") -> str:
     return "checkpoint:blake2b:" + h.hexdigest()
 
 
+def layer_fingerprint(source: str, module_name: str) -> str:
+    """``source|module_name``, hashed when longer than the header's 256 bytes."""
+    fp = f"{source}|{module_name}"
+    return fp if len(fp) <= 256 else "layer:blake2b:" + hashlib.blake2b(fp.encode(), digest_size=20).hexdigest()
+
+
 @contextlib.contextmanager
 def build_lock(directory: str, name: str):
     """``flock`` on ``<directory>/<name>.ktmoe.lock`` for validate-or-build.
