@@ -125,6 +125,13 @@ def test_no_temp_file_after_exception(tmp_path, monkeypatch):
     assert cache.leftover_temp_files(tmp_path) == [] and not (tmp_path / FILE).exists()
 
 
+def test_crashed_build_temp_file_removed(tmp_path):
+    (tmp_path / (FILE + ".tmp.999999999")).write_bytes(b"half a build")
+    assert cache.leftover_temp_files(tmp_path)
+    loaded(tmp_path)
+    assert cache.leftover_temp_files(tmp_path) == [] and loaded(tmp_path).cache_hit
+
+
 def test_off_leaves_no_file(tmp_path):
     m = loaded(tmp_path, cache="off")
     assert m.file_backed_bytes > 0 and m.cache_events == []

@@ -74,17 +74,18 @@ def layer_fingerprint(source: str, module_name: str) -> str:
 def build_lock(directory: str, name: str):
     """``flock`` on ``<directory>/<name>.ktmoe.lock`` for validate-or-build.
 
-    Where the lock file cannot be made (missing or read-only directory) there is
-    nothing to protect (the arena falls back to anonymous memory): runs unlocked.
+    Yields True when locked. Where the lock file cannot be made (missing or
+    read-only directory) there is nothing to protect (the arena falls back to
+    anonymous memory): yields False, unlocked.
     """
     try:
         fd = os.open(os.path.join(directory, name + CACHE_SUFFIX + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError:
-        yield
+        yield False
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield True
     finally:
         os.close(fd)  # releases the lock
 
@@ -124,7 +125,9 @@ def load_or_build(arena, key, policy: str, build, events: Optional[list] = None)
     called on a cache hit. Returns ``(w13, w2, hit)``; ``build=None`` returns
     ``(None, None, False)`` on a miss. Appends ``{name, hit, reason}`` to events.
     """
-    with build_lock(arena.dir, arena.name):
+    with build_lock(arena.dir, arena.name) as locked:
+        if locked:  # builds run under this lock: any temp file of this name is a crashed build's
+            _remove_stale_temp_files(arena.dir, arena.name)
         reason = "cache='rebuild'"
         if policy == "reuse":
             reason, w13, w2 = arena.load_cached(key)
@@ -148,6 +151,15 @@ def load_or_build(arena, key, policy: str, build, events: Optional[list] = None)
             arena.abort_build()  # no-op after a commit
         _record(events, arena.name, False, reason if not error else f"{reason}; not kept: {error}")
         return w13, w2, False
+
+
+def _remove_stale_temp_files(directory: str, name: str) -> None:
+    prefix = name + CACHE_SUFFIX + ".tmp."
+    for n in os.listdir(directory):
+        if n.startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, n))
+                log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
 
 
 def _record(events, name, hit, reason):
