@@ -4,6 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "arena/numa_first_touch.h"
 #include "arena/weight_arena.h"
@@ -12,6 +16,7 @@
 #include "ops/arena_registry.h"
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
+#include "ops/packed_cache.h"
 
 TORCH_LIBRARY(ktmoe, m) {
   // Fused MoE forward over packed experts (format read from the packed headers).
@@ -75,21 +80,87 @@ double stream_read_gbps(int64_t bytes, int64_t repeats) {
   return best;
 }
 
+// What `inspect` prints of one cache file: its header, well-formedness, residency.
+py::dict inspect_cache_file(const std::string& path) {
+  py::dict d;
+  d["path"] = path;
+  ktmoe::CacheHeader h;
+  int64_t file_bytes = 0;
+  std::string reason;
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) reason = std::string("unreadable: ") + std::strerror(errno);
+    else {
+      reason = ktmoe::read_cache_header(fd, &h, &file_bytes);
+      ::close(fd);
+    }
+  }
+  if (reason.empty()) reason = ktmoe::check_cache_header(h, file_bytes);
+  if (reason.empty() && h.packed_version != ktmoe::kPackedVersion)
+    reason = "stale: packed layout version " + std::to_string(h.packed_version) + ", this build reads " +
+             std::to_string(ktmoe::kPackedVersion);
+  d["file_bytes"] = file_bytes;
+  d["valid"] = reason.empty();
+  d["reason"] = reason;
+  std::string error;
+  d["resident_bytes"] = ktmoe::file_resident_bytes(path, &error);
+  if (std::memcmp(h.magic, ktmoe::kCacheMagic, sizeof(h.magic)) == 0 && file_bytes >= ktmoe::kCacheHeaderBytes) {
+    d["weight_format"] = std::string(h.weight_format, strnlen(h.weight_format, sizeof(h.weight_format)));
+    d["group_size"] = h.group_size;
+    d["experts"] = h.experts;
+    d["hidden"] = h.hidden;
+    d["inter"] = h.inter;
+    d["inter_range"] = py::make_tuple(h.inter_lo, h.inter_hi);
+    d["numa_part"] = h.numa_part;
+    d["packed_version"] = h.packed_version;
+    d["w13_shape"] = py::make_tuple(h.tensors[0].rows, h.tensors[0].cols);
+    d["w2_shape"] = py::make_tuple(h.tensors[1].rows, h.tensors[1].cols);
+    d["fingerprint"] = std::string(h.fingerprint, std::min<uint32_t>(h.fingerprint_len, ktmoe::kMaxFingerprintBytes));
+  }
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_ktmoe native extension: ktmoe ops, weight arenas, ISA selection";
 
   py::class_<PyArena>(m, "WeightArena")
-      .def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node) {
+      .def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node,
+                       bool persistent) {
              ktmoe::ArenaOptions options;
              options.hugepage = hugepage;
              options.numa_node = numa_node;
+             options.persistent = persistent;
              PyArena a;
              a.arena = ktmoe::open_registered_arena(dir, name, options, &a.key);
              return a;
            }),
-           py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1)
+           py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1,
+           py::arg("persistent") = false)
+      .def("load_cached", [](const PyArena& a, const ktmoe::CacheKey& key) -> py::tuple {
+             at::Tensor w13, w2;
+             std::string reason;
+             {
+               py::gil_scoped_release release;
+               reason = ktmoe::load_packed_cache(a.arena, key, &w13, &w2);
+             }
+             if (!reason.empty()) return py::make_tuple(reason, py::none(), py::none());
+             return py::make_tuple(reason, w13, w2);
+           },
+           py::arg("key"), "(\"\", w13, w2) mapped read-only from a valid cache file, or (reason, None, None)")
+      .def("begin_build", [](const PyArena& a) {
+             std::string error;
+             a.arena->begin_build(&error);
+             return error;
+           },
+           "start a cache file build (temp file); '' or why not (allocations then fall back)")
+      .def("commit_build", [](const PyArena& a, const at::Tensor& w13, const at::Tensor& w2,
+                              const ktmoe::CacheKey& key) { return ktmoe::commit_packed_cache(a.arena, key, w13, w2); },
+           py::arg("w13"), py::arg("w2"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
+           "header last, fsync, rename, fsync dir; '' or the error")
+      .def("abort_build", [](const PyArena& a) { a.arena->abort_build(); }, "remove an uncommitted temp file")
+      .def_property_readonly("read_only", [](const PyArena& a) { return a.arena->read_only(); })
       .def("empty", [](const PyArena& a, std::vector<int64_t> sizes) {
              return ktmoe::arena_empty(a.arena, sizes);
            },
@@ -103,6 +174,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
            "push dirty pages of the backing file to disk (clean, reclaimable page cache)")
+      .def("resident_bytes", [](const PyArena& a) { return a.arena->resident_bytes(); },
+           py::call_guard<py::gil_scoped_release>(),
+           "bytes in RAM: mincore over the file's slices + anonymous allocations")
+      .def("evict", [](const PyArena& a) {
+             std::string error;
+             if (!a.arena->evict(&error)) throw std::runtime_error(error);
+           },
+           py::call_guard<py::gil_scoped_release>(),
+           "drop the backing file's pages from memory (writeback, MADV_DONTNEED, fadvise DONTNEED)")
+      .def("prefault", [](const PyArena& a, bool wait) {
+             std::string error;
+             if (!a.arena->prefault(wait, &error)) throw std::runtime_error(error);
+           },
+           py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+           "read the backing file into memory (MADV_POPULATE_READ, else MADV_WILLNEED); "
+           "wait=False: on a background thread")
+      .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
+           py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
+      .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
       .def_property_readonly("key", [](const PyArena& a) { return a.key; })
       .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
       .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })
@@ -111,6 +201,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("file_bytes", [](const PyArena& a) { return a.arena->file_bytes(); })
       .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
 
+  py::class_<ktmoe::CacheKey>(m, "CacheKey", "what a layer part's cache file must hold")
+      .def_readonly("weight_format", &ktmoe::CacheKey::weight_format)
+      .def_readonly("fingerprint", &ktmoe::CacheKey::fingerprint);
+  m.def("cache_key", &ktmoe::packed_cache_key, py::arg("weight_format"), py::arg("group_size"),
+        py::arg("experts"), py::arg("hidden"), py::arg("inter"), py::arg("inter_lo"), py::arg("inter_hi"),
+        py::arg("numa_part"), py::arg("fingerprint"));
+  m.def("inspect_cache_file", &inspect_cache_file, py::arg("path"),
+        "header fields, valid/reason (well-formed and this build's layout) and resident_bytes of a .ktmoe file");
   m.def("process_arena_stats", [] {
     const ktmoe::ProcessArenaStats s = ktmoe::KtWeightArena::process_stats();
     py::dict d;
@@ -122,6 +220,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["fallback_reasons"] = s.fallback_reasons;
     return d;
   });
+  m.def("live_arenas", [] {
+    // Snapshot first, then mincore without the GIL; the list holds no arena.
+    std::vector<std::pair<std::string, std::shared_ptr<ktmoe::KtWeightArena>>> arenas;
+    std::vector<int64_t> resident;
+    {
+      py::gil_scoped_release release;
+      arenas = ktmoe::live_arenas();
+      for (const auto& kv : arenas) resident.push_back(kv.second->resident_bytes());
+    }
+    py::list out;
+    for (size_t i = 0; i < arenas.size(); ++i) {
+      const auto& arena = arenas[i].second;
+      py::dict d = arena_stats_dict(arena->stats());
+      d["key"] = arenas[i].first;
+      d["name"] = arena->name();
+      d["dir"] = arena->dir();
+      d["file_mode"] = arena->file_mode();
+      d["resident_bytes"] = resident[i];
+      out.append(d);
+    }
+    return out;
+  }, "per live arena: key, name, dir, file_mode, resident_bytes and its stats()");
   m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
         py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
   m.def("set_isa", &ktmoe::set_isa, py::arg("name"));

@@ -14,6 +14,7 @@ import torch
 
 import torch_ktmoe
 from torch_ktmoe import ArenaFallbackWarning, WeightArena
+from tests.cgroup_utils import needs_memory_cgroup, run_in_memory_cgroup
 
 MiB = 1 << 20
 
@@ -278,39 +279,7 @@ def test_memory_report_puts_file_backed_bytes_under_file_rss(tmp_path):
 
 
 # ---------------------------------------------------------------- the point of it all
-CGROUP_ROOT = "/sys/fs/cgroup/memory"
-
-
-def _run_in_memory_cgroup(name, limit, code):
-    """Runs python code in a fresh v1 memory cgroup limited to `limit` bytes (no swap)."""
-    path = os.path.join(CGROUP_ROOT, name)
-    try:
-        os.mkdir(path)
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup under {CGROUP_ROOT}: {exc}")
-    try:
-        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(limit))
-        memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
-        if os.path.exists(memsw):
-            with open(memsw, "w") as f:
-                f.write(str(limit))
-        wrapper = (f"import os\nopen({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
-                   + code)
-        return subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    finally:
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                import time
-                time.sleep(0.1)
-
-
-@pytest.mark.skipif(not os.path.isdir(CGROUP_ROOT) or os.geteuid() != 0,
-                    reason="needs root and a cgroup v1 memory controller at /sys/fs/cgroup/memory")
+@needs_memory_cgroup
 def test_file_backed_arena_survives_a_memory_limit_that_kills_anonymous(tmp_path):
     limit, slices, slice_bytes = 384 * MiB, 24, 32 * MiB   # 768 MiB of weights = 2x the limit
     code = textwrap.dedent(f"""
@@ -328,9 +297,9 @@ def test_file_backed_arena_survives_a_memory_limit_that_kills_anonymous(tmp_path
             assert torch.equal(t.view(torch.int64), torch.arange({slice_bytes} // 8) * 31 + i), i
         print("COMPLETED", arena.stats()["file_backed_bytes"], arena.stats()["fallbacks"])
     """)
-    file_res = _run_in_memory_cgroup("ktmoe_test_file", limit, code.replace("{mode}", "file"))
+    file_res = run_in_memory_cgroup("ktmoe_test_file", limit, code.replace("{mode}", "file"))
     assert file_res.returncode == 0, file_res.stdout + file_res.stderr
     assert f"COMPLETED {slices * slice_bytes} 0" in file_res.stdout
-    anon_res = _run_in_memory_cgroup("ktmoe_test_anon", limit, code.replace("{mode}", "anon"))
+    anon_res = run_in_memory_cgroup("ktmoe_test_anon", limit, code.replace("{mode}", "anon"))
     assert anon_res.returncode == -9 and "COMPLETED" not in anon_res.stdout, (
         f"anonymous arena was expected to be OOM-killed: rc={anon_res.returncode} {anon_res.stdout}")

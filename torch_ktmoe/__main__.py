@@ -1,4 +1,4 @@
-"""Command line: ``python -m torch_ktmoe info|demo``."""
+"""Command line: ``python -m torch_ktmoe info|demo|pack|inspect``."""
 import argparse
 import sys
 
@@ -24,6 +24,44 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_pack(args) -> int:
+    import os
+    import time
+
+    from torch_ktmoe import hf
+
+    os.makedirs(args.dir, exist_ok=True)
+    t0 = time.perf_counter()
+    model = hf.from_pretrained(args.checkpoint, mmap_experts_dir=args.dir, weight_format=args.format,
+                               cache="rebuild", progress=not args.quiet,
+                               ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None)
+    r = model.ktmoe_report
+    print(f"packed {r.num_layers} layers ({r.packed_bytes / 2**20:.1f} MiB, "
+          f"{r.file_backed_bytes / 2**20:.1f} MiB in files) into {args.dir} in {time.perf_counter() - t0:.1f} s")
+    return 0 if r.file_backed_bytes == r.packed_bytes else 1
+
+
+def cmd_inspect(args) -> int:
+    from torch_ktmoe.cache import inspect_dir, leftover_temp_files
+
+    rows = inspect_dir(args.dir)
+    print(f"{'file':<26} {'layer':>5} {'part':>4} {'format':<6} {'E x H x I':<16} {'range':<11} "
+          f"{'w13':<15} {'w2':<15} {'MiB':>8} {'resident':>8}  status")
+    for r in rows:
+        shape = f"{r.get('experts', '?')}x{r.get('hidden', '?')}x{r.get('inter', '?')}"
+        rng = "{}..{}".format(*r["inter_range"]) if "inter_range" in r else "?"
+        w13 = "x".join(map(str, r["w13_shape"])) if "w13_shape" in r else "?"
+        w2 = "x".join(map(str, r["w2_shape"])) if "w2_shape" in r else "?"
+        status = "valid" if r["valid"] else f"invalid: {r['reason']}"
+        print(f"{r['name']:<26} {str(r['layer']):>5} {str(r['part']):>4} {r.get('weight_format', '?'):<6} {shape:<16} "
+              f"{rng:<11} {w13:<15} {w2:<15} {r['file_bytes'] / 2**20:8.1f} "
+              f"{max(r['resident_bytes'], 0) / 2**20:8.1f}  {status}")
+    for name in leftover_temp_files(args.dir):
+        print(f"{name:<26} temporary build file (a build in progress, or left by a crashed process)")
+    print(f"{len(rows)} files, {sum(r['valid'] for r in rows)} valid")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_ktmoe", description="torch_ktmoe command line")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -35,6 +73,17 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     demo.set_defaults(func=cmd_demo)
+    pack = sub.add_parser("pack", help="prebuild the packed expert cache files of a checkpoint into DIR")
+    pack.add_argument("checkpoint", help="checkpoint directory (or hub id) with *.safetensors")
+    pack.add_argument("dir", help="cache directory (mmap_experts_dir of later runs)")
+    pack.add_argument("--format", default="bf16", choices=("bf16", "int8", "int4"))
+    pack.add_argument("--group-size", type=int, default=0, help="int4 group size (0: 32)")
+    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+    pack.set_defaults(func=cmd_pack)
+    insp = sub.add_parser("inspect", help="list the .ktmoe cache files of DIR: layer, part, format, "
+                          "shapes, size, resident bytes, valid or why not")
+    insp.add_argument("dir")
+    insp.set_defaults(func=cmd_inspect)
     args = ap.parse_args(argv)
     return args.func(args)
 

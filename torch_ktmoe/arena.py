@@ -22,11 +22,16 @@ class WeightArena(_C.WeightArena):
     each allocation fall back to anonymous memory; the first fallback warns
     (:class:`ArenaFallbackWarning`) and ``stats()`` lists every reason.
 
+    ``persistent=True`` creates no unnamed file: the file is a kept cache file,
+    built with ``begin_build()``/``commit_build()`` or mapped read-only with
+    ``load_cached()`` (see :mod:`torch_ktmoe.cache`).
+
     Memory lives as long as any tensor allocated from the arena.
     """
 
-    def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1):
-        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node)
+    def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1,
+                 persistent: bool = False):
+        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent)
 
     def empty(self, *sizes) -> torch.Tensor:
         """A uint8 tensor of ``sizes`` in arena memory (thread-safe)."""

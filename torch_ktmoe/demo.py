@@ -34,7 +34,7 @@ def add_demo_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokens", type=int, default=32, help="new tokens to generate")
     ap.add_argument("--mmap-dir", default=None,
                     help="parent of the temporary experts directory (default: /var/tmp, which is disk, not tmpfs)")
-    ap.add_argument("--mode", choices=["anonymous", "file"], help=argparse.SUPPRESS)  # child process
+    ap.add_argument("--mode", choices=["anonymous", "file", "cached"], help=argparse.SUPPRESS)  # child process
     ap.add_argument("--result", help=argparse.SUPPRESS)
 
 

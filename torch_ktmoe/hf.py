@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .cache import checkpoint_fingerprint, layer_fingerprint
 from .integrations.transformers_experts import (
     SUPPORTED_EXPERTS_CLASSES,
     KTMoEExperts,
@@ -210,11 +211,15 @@ def patch_model(
     strict: bool = True,
     free_dense: bool = True,
     progress: bool = False,
+    cache: str | None = None,
     **ktmoe_kwargs,
 ) -> PatchReport:
     """Replace every experts block of a loaded transformers model by KTMoE, in place.
 
-    ``ktmoe_kwargs`` (``numa_parts=``, ``group_size=``) go to the ``KTMoE`` constructor.
+    ``ktmoe_kwargs`` (``numa_parts=``, ``group_size=``) go to the ``KTMoE`` constructor,
+    and so does ``cache`` (``"reuse"``, ``"rebuild"``, ``"off"``; see :mod:`torch_ktmoe.cache`:
+    with a valid cache, a layer maps its packed experts instead of packing them; the
+    fingerprint is a hash of the dense weights).
     With ``free_dense`` the replaced ``gate_up_proj``/``down_proj`` Parameters get an
     empty ``.data``, so their memory is released even if something else still holds
     the Parameter objects. Raises :class:`UnsupportedExpertsError` (naming the class)
@@ -234,6 +239,8 @@ def patch_model(
                     "(or use torch_ktmoe.hf.from_pretrained)"
                 )
     report = PatchReport(refused=list(refused))
+    if cache is not None:
+        ktmoe_kwargs["cache"] = cache
     it = blocks
     if progress:
         from tqdm.auto import tqdm
@@ -340,7 +347,8 @@ def _candidate_prefixes(name: str, base_model_prefix: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, ktm, dtype, base_model_prefix):
+def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, ktm, dtype, base_model_prefix,
+                  fingerprint=None):
     """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time."""
     tried = []
     for p in _candidate_prefixes(b.name, base_model_prefix):
@@ -353,7 +361,8 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
                     f"expected [E, 2I, H]={[E, 2 * I, H]} / [E, H, I]={[E, H, I]}"
                 )
             for e in range(E):
-                ktm.load_expert(e, ckpt.get_row(gu_key, e).to(dtype), ckpt.get_row(dn_key, e).to(dtype))
+                ktm.load_expert(e, ckpt.get_row(gu_key, e).to(dtype), ckpt.get_row(dn_key, e).to(dtype),
+                                fingerprint=fingerprint)
             return
         for g_sfx, u_sfx, d_sfx in _PER_EXPERT_LAYOUTS:
             first = f"{p}.0.{g_sfx}"
@@ -366,7 +375,7 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
                 d = ckpt.get(f"{p}.{e}.{d_sfx}")
                 if list(g.shape) != [I, H] or list(u.shape) != [I, H] or list(d.shape) != [H, I]:
                     raise ValueError(f"{p}.{e}: shapes {list(g.shape)}, {list(u.shape)}, {list(d.shape)}")
-                ktm.load_expert(e, torch.cat([g, u], 0).to(dtype), d.to(dtype))
+                ktm.load_expert(e, torch.cat([g, u], 0).to(dtype), d.to(dtype), fingerprint=fingerprint)
                 del g, u, d
             return
     raise KeyError(f"{b.name} ({b.class_name}): no expert weights in the checkpoint; looked for {tried}")
@@ -421,6 +430,7 @@ def from_pretrained(
     strict: bool = True,
     progress: bool = True,
     ktmoe_kwargs: dict | None = None,
+    cache: str | None = None,
     **hf_kwargs,
 ):
     """Load a transformers MoE model with its experts packed into KTMoE, streaming them from safetensors.
@@ -432,6 +442,11 @@ def from_pretrained(
     Equivalent to ``patch_model(model_class.from_pretrained(path, dtype=dtype), ...)``
     without ever holding the dense experts. Returns the model; ``model.ktmoe_report``
     is the :class:`PatchReport`.
+
+    ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
+    the cache fingerprint of a layer is the checkpoint files' names, sizes and mtimes
+    plus the module name and dtype; a layer with valid cache files is mapped and its
+    experts are not even read from the safetensors.
     """
     if model_class is None:
         from transformers import AutoModelForCausalLM
@@ -445,6 +460,8 @@ def from_pretrained(
         raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
     path = _resolve_dir(pretrained_model_name_or_path)
     ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    if cache is not None:
+        ktmoe_kwargs["cache"] = cache
     state: dict = {}
 
     def before(model):
@@ -490,6 +507,7 @@ def from_pretrained(
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
     report = PatchReport(refused=list(state["refused"]))
+    source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
     ckpt = _Checkpoint(path)
     try:
         entries = state["entries"]
@@ -500,7 +518,9 @@ def from_pretrained(
         with torch.no_grad():
             for b, E, H, I, adapter in entries:
                 ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs)
-                _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix)
+                fingerprint = layer_fingerprint(source, b.name)
+                if not ktm.try_load_cached(fingerprint):
+                    _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix, fingerprint)
                 adapter.ktmoe = ktm
                 _account(report, b, ktm, 0)
     finally:

@@ -1,13 +1,18 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature."""
 import os
+import warnings
 from typing import List, Optional
 
 import torch
 from torch import nn
 
+from . import cache as _cache
 from . import ops
 from ._native import _C
 from .arena import WeightArena
+
+
+WARM_MODES = ("none", "blocking", "background")
 
 
 class KTMoE(nn.Module):
@@ -30,6 +35,16 @@ class KTMoE(nn.Module):
             host's NUMA node count.
         group_size: int4 group size along the input dimension (default 32).
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
+        warm: ``"none"`` (default), ``"blocking"`` or ``"background"``: after
+            loading, prefault the layer's files (see :meth:`warm`) and return
+            when done, or on one background thread per arena.
+        cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
+            experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
+            file for the same weights exists, maps it read-only instead of
+            packing; ``"rebuild"`` always packs and replaces the files; ``"off"``
+            uses unnamed files that vanish with the process. Ignored without a
+            directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
+            :attr:`cache_events` tell what happened at the last load.
 
     ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
     returns the weighted sum of the routed experts, shaped and typed like
@@ -39,8 +54,10 @@ class KTMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
-                 hugepage: bool = True):
+                 hugepage: bool = True, warm: str = "none", cache: Optional[str] = None):
         super().__init__()
+        if warm not in WARM_MODES:
+            raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
         if weight_format not in ops.WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {ops.WEIGHT_FORMATS}, got {weight_format!r}")
         nodes = _C.numa_node_count()
@@ -50,14 +67,16 @@ class KTMoE(nn.Module):
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
+        self.warm_mode = warm
         self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
+        if cache is not None:
+            _cache.check_policy(cache)
+        self.cache = "off" if self.mmap_experts_dir is None else (cache or "reuse")
+        self.cache_events: List[dict] = []  # last load: {name, hit, reason} per part
+        self._hugepage, self._nodes = hugepage, nodes
         # Intermediate columns [bounds[p], bounds[p+1]) belong to part p.
         self._bounds = [intermediate_size * p // parts for p in range(parts + 1)]
-        self.arenas = [
-            WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}",
-                        hugepage=hugepage, numa_node=p % nodes if nodes > 1 else -1)
-            for p in range(parts)
-        ]
+        self.arenas = [self._make_arena(p) for p in range(parts)]
         for p in range(parts):
             self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
@@ -72,24 +91,34 @@ class KTMoE(nn.Module):
     def loaded(self) -> bool:
         return self.w13_0.numel() > 0
 
-    def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
-        """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
+                     fingerprint: Optional[str] = None) -> None:
+        """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+
+        ``fingerprint`` names the source of the weights for the cache (e.g. the
+        checkpoint files' names, sizes and mtimes); by default, with a cache, it
+        is a hash of the tensors' bytes. A valid cache file skips packing.
+        """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
-        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj)
+        fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj)
+        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint)
 
-    def load_weights_separate(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+    def load_weights_separate(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, *,
+                              fingerprint: Optional[str] = None) -> None:
         """Pack separate gate [E, I, H], up [E, I, H], down [E, H, I] (kt-kernel layout)."""
         shape = (self.num_experts, self.intermediate_size, self.hidden_size)
         self._check_shape("gate", gate, shape)
         self._check_shape("up", up, shape)
-        self._pack(gate, up, down)
+        self._pack(gate, up, down, self._fingerprint(fingerprint, gate, up, down))
 
-    def load_expert(self, expert: int, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+    def load_expert(self, expert: int, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
+                    fingerprint: Optional[str] = None) -> None:
         """Give one expert (gate_up [2I, H], down [H, I]); the layer is packed when all E are in.
 
         Holds at most one layer's dense experts, so a checkpoint can be streamed
-        expert by expert.
+        expert by expert. ``fingerprint`` (read from the call that completes the
+        layer) is passed to :meth:`load_weights`.
         """
         if not 0 <= expert < self.num_experts:
             raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
@@ -103,22 +132,125 @@ class KTMoE(nn.Module):
         self._pending["have"].add(expert)
         if len(self._pending["have"]) == self.num_experts:
             pending, self._pending = self._pending, {}
-            self.load_weights(pending["gate_up"], pending["down"])
+            self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint)
+
+    def try_load_cached(self, fingerprint: str) -> bool:
+        """Map every part from valid cache files for ``fingerprint``, without any dense weight.
+
+        True: the layer is loaded (packing skipped). False (no directory, policy
+        not ``"reuse"``, or some part missing/invalid): nothing is loaded; load the
+        weights as usual (valid parts are then still reused).
+        """
+        self.cache_events = []
+        if self.cache != "reuse":
+            return False
+        mapped = []
+        for p in range(self.numa_parts):
+            w13, w2, hit = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
+                                                "reuse", None, self.cache_events)
+            if not hit:
+                return False
+            mapped.append((w13, w2))
+        for p, (w13, w2) in enumerate(mapped):
+            setattr(self, f"w13_{p}", w13)
+            setattr(self, f"w2_{p}", w2)
+        self._after_load()
+        return True
+
+    @property
+    def cache_hit(self) -> bool:
+        """True when the last load mapped every part from valid cache files."""
+        return bool(self.cache_events) and all(e["hit"] for e in self.cache_events)
 
     def _check_shape(self, name, t, shape):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
 
-    def _pack(self, gate, up, down):
+    def _make_arena(self, p: int) -> WeightArena:
+        return WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}", hugepage=self._hugepage,
+                           numa_node=p % self._nodes if self._nodes > 1 else -1, persistent=self.cache != "off")
+
+    def _fresh_arena(self, p: int) -> WeightArena:
+        # A cache file is built or mapped by a new arena; tensors of an earlier load keep theirs alive.
+        self.arenas[p] = self._make_arena(p)
+        return self.arenas[p]
+
+    def _fingerprint(self, given: Optional[str], *tensors: torch.Tensor) -> Optional[str]:
+        if self.cache == "off":
+            return None
+        return given if given is not None else _cache.tensors_fingerprint(tensors)
+
+    def _cache_key(self, p: int, fingerprint: str):
+        return _C.cache_key(self.weight_format, self.group_size, self.num_experts, self.hidden_size,
+                            self.intermediate_size, self._bounds[p], self._bounds[p + 1], p, fingerprint)
+
+    def _pack(self, gate, up, down, fingerprint: Optional[str] = None):
         self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
+        self.cache_events = []
         with torch.no_grad():
-            for p, arena in enumerate(self.arenas):
+            for p in range(self.numa_parts):
                 lo, hi = self._bounds[p], self._bounds[p + 1]
-                w13, w2 = ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
-                                           up=up[:, lo:hi], group_size=self.group_size, arena=arena)
+
+                def build(arena, lo=lo, hi=hi):
+                    return ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
+                                            up=up[:, lo:hi], group_size=self.group_size, arena=arena)
+
+                if self.cache == "off":
+                    w13, w2 = build(self.arenas[p])
+                else:
+                    w13, w2, _ = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
+                                                      self.cache, build, self.cache_events)
                 setattr(self, f"w13_{p}", w13)
                 setattr(self, f"w2_{p}", w2)
+        self._after_load()
+
+    def _after_load(self):
+        if self.warm_mode != "none":
+            self.warm(wait=self.warm_mode == "blocking")
+
+    def warm(self, wait: bool = True) -> bool:
+        """Prefault this layer's expert files so the first forward runs at steady speed.
+
+        ``MADV_POPULATE_READ`` (Linux >= 5.14; synchronous, errors raise), else
+        ``MADV_WILLNEED`` (starts readahead only). ``wait=False`` returns at once
+        and reads on one background thread per arena (joined when the arena goes).
+
+        When the experts do not fit in RAM, reading all of them would evict the
+        hot experts (and anything else) to bring in cold ones, which is worse than
+        faulting on demand. So warm reads only when the bytes still missing fit in
+        the memory headroom (``MemAvailable``, or the memory cgroup's, see
+        :func:`torch_ktmoe.memory.memory_headroom_bytes`); otherwise it skips the
+        whole layer with a :class:`ResourceWarning` and returns False (experts
+        then fault in on first use, as without warm). Anonymous experts are
+        always resident: returns True at once.
+        """
+        from .memory import memory_headroom_bytes
+
+        file_arenas = [a for a in self.arenas if a.file_mode]
+        if not file_arenas:
+            return True
+        missing = sum(a.stats()["file_backed_bytes"] for a in file_arenas) - \
+            sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in file_arenas)
+        headroom = memory_headroom_bytes()
+        if missing > headroom:
+            warnings.warn(f"KTMoE(layer {self.layer_idx}): not warming {missing / 2**20:.0f} MiB of experts: "
+                          f"only {headroom / 2**20:.0f} MiB of memory headroom (warming would evict "
+                          "the hot set); experts fault in on first use", ResourceWarning, stacklevel=2)
+            return False
+        for a in file_arenas:
+            a.prefault(wait)
+        return True
+
+    def join_warm(self) -> None:
+        """Waits for a background :meth:`warm` to finish."""
+        for a in self.arenas:
+            a.join_prefault()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of this layer's packed experts in RAM (``mincore`` over its files)."""
+        return sum(a.resident_bytes() for a in self.arenas)
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""

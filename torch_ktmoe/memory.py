@@ -1,4 +1,6 @@
 """Process memory as a user checks it: anonymous vs file-backed RSS, plus arenas."""
+import resource
+
 from ._native import _C
 
 _SMAPS_FIELDS = ("Rss", "Anonymous", "Private_Clean", "Private_Dirty", "Shared_Clean",
@@ -19,7 +21,7 @@ def _smaps_rollup(path="/proc/self/smaps_rollup") -> dict:
     return out
 
 
-def memory_report() -> dict:
+def memory_report(per_layer: bool = False) -> dict:
     """Memory of this process and of its weight arenas.
 
     Keys: ``anon_rss_bytes`` (resident anonymous memory: what only swap can
@@ -27,12 +29,22 @@ def memory_report() -> dict:
     the kernel can drop), ``swap_bytes``, ``rss_bytes``, the raw smaps figures
     under ``smaps``; and over all live weight arenas: ``arenas``,
     ``arena_allocations``, ``arena_file_backed_bytes``, ``arena_anon_bytes``,
-    ``arena_fallbacks`` (since start) with ``arena_fallback_reasons``.
+    ``arena_fallbacks`` (since start) with ``arena_fallback_reasons``,
+    ``arena_resident_bytes`` (bytes of live arenas in RAM: ``mincore`` over their
+    files plus their anonymous allocations); ``major_faults`` / ``minor_faults``
+    of this process since start (``getrusage``: a major fault read a page from
+    disk, e.g. a cold expert refaulted after reclaim).
+
+    ``per_layer=True`` adds ``per_layer``: one dict per live arena (one per
+    KTMoE layer and NUMA part) with ``name``, ``dir``, ``file_backed_bytes``,
+    ``anon_bytes``, ``resident_bytes``, ``fallbacks``, in creation order.
     """
     smaps = _smaps_rollup()
     rss, anon = smaps.get("Rss", 0), smaps.get("Anonymous", 0)
     arenas = _C.process_arena_stats()
-    return {
+    live = _C.live_arenas()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report = {
         "anon_rss_bytes": anon,
         "file_rss_bytes": max(rss - anon, 0),
         "swap_bytes": smaps.get("Swap", 0),
@@ -43,5 +55,76 @@ def memory_report() -> dict:
         "arena_anon_bytes": arenas["anon_bytes"],
         "arena_fallbacks": arenas["fallbacks"],
         "arena_fallback_reasons": list(arenas["fallback_reasons"]),
+        "arena_resident_bytes": sum(a["resident_bytes"] for a in live),
+        "major_faults": usage.ru_majflt,
+        "minor_faults": usage.ru_minflt,
         "smaps": {k: smaps[k] for k in _SMAPS_FIELDS if k in smaps},
     }
+    if per_layer:
+        report["per_layer"] = [
+            {k: a[k] for k in ("name", "dir", "file_backed_bytes", "anon_bytes", "resident_bytes", "fallbacks")}
+            for a in sorted(live, key=lambda a: int(a["key"].split(":")[1]))
+        ]
+    return report
+
+
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_field(path, field):
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == field:
+                    return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_headroom():
+    """Bytes this process's memory cgroup can still take (limit - usage + inactive file), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):  # cgroup v1
+            base = "/sys/fs/cgroup/memory" + path
+            limit, usage = _read_int(base + "/memory.limit_in_bytes"), _read_int(base + "/memory.usage_in_bytes")
+            inactive = _stat_field(base + "/memory.stat", "total_inactive_file")
+            break
+    else:
+        v2 = [path for hid, controllers, path in lines if hid == "0" and controllers == ""]
+        if not v2:
+            return None
+        base = "/sys/fs/cgroup" + v2[0]
+        limit, usage = _read_int(base + "/memory.max"), _read_int(base + "/memory.current")
+        inactive = _stat_field(base + "/memory.stat", "inactive_file")
+    if limit is None or usage is None or limit >= 1 << 60:  # no limit
+        return None
+    return max(limit - usage + inactive, 0)
+
+
+def memory_headroom_bytes() -> int:
+    """How many more bytes this process can bring into RAM without evicting others.
+
+    ``MemAvailable`` of /proc/meminfo, lowered to the memory cgroup's headroom
+    (limit - usage + inactive file pages) when the process runs under a limit.
+    Warm-on-load reads at most this much (see :meth:`torch_ktmoe.KTMoE.warm`).
+    """
+    available = _stat_field_kb("/proc/meminfo", "MemAvailable:")
+    cgroup = _cgroup_headroom()
+    return available if cgroup is None else min(available, cgroup)
+
+
+def _stat_field_kb(path, field):
+    return _stat_field(path, field) * 1024

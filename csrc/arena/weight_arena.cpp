@@ -81,7 +81,7 @@ KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptio
 void KtWeightArena::open_file() {
   open_error_ = check_name(name_);
   if (open_error_.empty()) open_error_ = check_dir(dir_);
-  if (!open_error_.empty()) return;
+  if (!open_error_.empty() || options_.persistent) return;
   // An unnamed file (O_TMPFILE) needs no unlink; where the filesystem lacks it,
   // create the named file and unlink it at once.
   fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -94,6 +94,8 @@ void KtWeightArena::open_file() {
 }
 
 KtWeightArena::~KtWeightArena() {
+  prefault_stop_.store(true);
+  join_prefault();  // the background prefault reads slices that are unmapped below
   for (const Slice& s : slices_) {
     if (s.mapped)
       ::munmap(s.addr, s.bytes);
@@ -101,6 +103,7 @@ KtWeightArena::~KtWeightArena() {
       std::free(s.addr);
   }
   if (fd_ >= 0) ::close(fd_);
+  if (!tmp_path_.empty()) ::unlink(tmp_path_.c_str());
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas -= 1;
   totals().stats.allocations -= stats_.allocations;
@@ -118,22 +121,31 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
     if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
     return nullptr;
   }
+  void* addr = map_range(fd_, offset, bytes, /*writable=*/true, error);
+  if (!addr) {
+    if (::ftruncate(fd_, offset) != 0) {}
+    return nullptr;
+  }
+  if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
+  file_size_ = offset + bytes;
+  return addr;
+}
+
+void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error) {
   // Map at a 2 MiB-aligned address so large folios can map a PMD at a time.
   void* reserve = ::mmap(nullptr, bytes + kSliceAlign, PROT_NONE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserve == MAP_FAILED) {
     *error = errno_text("mmap (address reservation)");
-    if (::ftruncate(fd_, offset) != 0) {}
     return nullptr;
   }
   const auto base = reinterpret_cast<uintptr_t>(reserve);
   const uintptr_t aligned = (base + kSliceAlign - 1) & ~uintptr_t(kSliceAlign - 1);
-  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_FIXED, fd_, offset);
+  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | (writable ? PROT_WRITE : 0),
+                      MAP_SHARED | MAP_FIXED, fd, offset);
   if (addr == MAP_FAILED) {
     *error = errno_text("mmap (MAP_SHARED)");
     ::munmap(reserve, bytes + kSliceAlign);
-    if (::ftruncate(fd_, offset) != 0) {}
     return nullptr;
   }
   if (aligned > base) ::munmap(reserve, aligned - base);
@@ -142,16 +154,14 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
   // Advice is best effort: a kernel without THP for files still maps the slice.
   ::madvise(addr, bytes, MADV_RANDOM);
   if (options_.hugepage) ::madvise(addr, bytes, MADV_HUGEPAGE);
-  if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
-  file_size_ = offset + bytes;
-  slices_.push_back({addr, bytes, true});
+  slices_.push_back({addr, bytes, true, offset});
   return addr;
 }
 
 void* KtWeightArena::alloc_anonymous(int64_t n) {
   void* p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();
-  slices_.push_back({p, n, false});
+  slices_.push_back({p, n, false, -1});
   return p;
 }
 
@@ -172,23 +182,37 @@ void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
   void* p = nullptr;
   if (!anonymous_mode()) {
     std::string error = open_error_;
-    if (fd_ >= 0) p = map_slice(n, &error);
+    if (fd_ >= 0 && !read_only_) p = map_slice(n, &error);
+    else if (error.empty()) error = read_only_ ? "the cache file is read-only" : "no cache file is being built";
     if (!p) record_fallback("arena '" + name_ + "': " + error + "; using anonymous memory");
   }
   const bool in_file = p != nullptr;
   if (!p) p = alloc_anonymous(n);
   if (file_backed) *file_backed = in_file;
+  count_allocation(n, in_file);
+  return p;
+}
+
+void KtWeightArena::count_allocation(int64_t n, bool in_file) {
   stats_.allocations += 1;
   (in_file ? stats_.file_backed_bytes : stats_.anon_bytes) += n;
   std::lock_guard<std::mutex> total_lock(totals().mutex);
   totals().stats.allocations += 1;
   (in_file ? totals().stats.file_backed_bytes : totals().stats.anon_bytes) += n;
-  return p;
+}
+
+int64_t KtWeightArena::file_offset_locked(const void* p) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (const Slice& s : slices_) {
+    const auto b = reinterpret_cast<uintptr_t>(s.addr);
+    if (s.mapped && a >= b && a < b + uintptr_t(s.bytes)) return s.offset + int64_t(a - b);
+  }
+  return -1;
 }
 
 bool KtWeightArena::writeback(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd_ < 0 || file_size_ == 0) return true;
+  if (fd_ < 0 || file_size_ == 0 || read_only_) return true;
   const unsigned flags = SYNC_FILE_RANGE_WRITE |
                          (wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WAIT_AFTER : 0u);
   if (::sync_file_range(fd_, 0, file_size_, flags) != 0) {

@@ -20,6 +20,18 @@
 // file mappings; page-cache pages land on the node of the first faulting
 // thread). One node: a no-op.
 //
+// Persistence (weight_arena_cache.cpp), with options.persistent: no unnamed
+// file at open; instead begin_build() creates `<dir>/<name>.ktmoe.tmp.<pid>`,
+// allocations go into it, and commit_build() writes the cache header last,
+// fsyncs, renames it to `<name>.ktmoe` and fsyncs the directory (abort_build()
+// or the destructor remove an uncommitted temp file). open_cached() instead
+// validates an existing `<name>.ktmoe` against a CacheKey and maps its tensors
+// read-only. Locking between processes is the caller's (flock on the .lock).
+//
+// Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
+// (drop the file's pages from memory), prefault() (warm the file, optionally
+// on one background I/O thread that the destructor stops and joins).
+//
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
 // Tensors that view arena memory hold a shared_ptr to it (ops layer).
 #pragma once
@@ -29,7 +41,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "arena/cache_file.h"
 
 namespace ktmoe {
 
@@ -54,7 +69,12 @@ struct ProcessArenaStats {
 struct ArenaOptions {
   bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices
   int numa_node = -1;      // first-touch node; -1: none
+  bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
 };
+
+// Bytes of the file at `path` in the page cache (mincore over a read-only map);
+// -1 with *error when it cannot be opened or mapped.
+int64_t file_resident_bytes(const std::string& path, std::string* error);
 
 class KtWeightArena {
  public:
@@ -81,6 +101,43 @@ class KtWeightArena {
   // than RAM (or a cgroup limit) must do this as it goes. No-op when anonymous.
   bool writeback(bool wait, std::string* error);
 
+  // Bytes of the arena currently in RAM: mincore over the mapped slices plus every
+  // anonymous allocation (anonymous memory counts as resident). Thread-safe.
+  int64_t resident_bytes() const;
+
+  // Drops the file's pages from memory: writeback (wait), MADV_DONTNEED on every
+  // mapped slice (unmaps the pages from this process), then
+  // posix_fadvise(POSIX_FADV_DONTNEED) (frees the now clean, unmapped page
+  // cache). The data stays in the file and refaults on the next read (major
+  // faults). For tests and benchmarks of cold starts. No-op when anonymous.
+  bool evict(std::string* error);
+
+  // Reads the file's slices into memory: MADV_POPULATE_READ (Linux >= 5.14,
+  // synchronous, reports errors), falling back to MADV_WILLNEED (starts
+  // readahead only) where the kernel lacks it. wait=false runs it on one
+  // background thread (in 64 MiB steps; the destructor stops and joins it) and
+  // returns at once; a call first joins a previous background prefault.
+  // Returns false with *error on failure (wait=true only); a background error
+  // is kept in prefault_status(). No-op when anonymous.
+  bool prefault(bool wait, std::string* error);
+  void join_prefault();          // waits for a background prefault, if any
+  // "" (never run), "running", "populate_read", "willneed" (method that
+  // completed) or "error: ..." (what failed).
+  std::string prefault_status() const;
+
+  // Persistent arenas only (see the note). begin_build: false with *error when
+  // the temp file cannot be made (allocations then fall back with that reason).
+  bool begin_build(std::string* error);
+  // Writes the header for the two tensors at `tensors` (w13, w2; both must be in
+  // the file), fsyncs, renames over the final name, fsyncs the directory. The
+  // slices become read-only. False with *error (the temp file is removed).
+  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors], std::string* error);
+  void abort_build();  // removes an uncommitted temp file; no-op otherwise
+  // "" and tensors[] set when `<dir>/<name>.ktmoe` is valid for `expect` (mapped
+  // PROT_READ, MAP_SHARED); else why not ("missing", "stale: ...", ...).
+  std::string open_cached(const CacheKey& expect, void* tensors[kCacheTensors]);
+  bool read_only() const { return read_only_; }
+
   // Reason of the first fallback, once; empty afterwards or if none.
   std::string warn_once();
 
@@ -98,24 +155,43 @@ class KtWeightArena {
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
   void* map_slice(int64_t n, std::string* error);
+  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the slice.
+  void* map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error);
+  void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
+  int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
   void* alloc_anonymous(int64_t n);
   void record_fallback(const std::string& reason);
+  struct Span {
+    void* addr;
+    int64_t bytes;
+  };
+  std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
+  void run_prefault(const std::vector<Span>& spans);
 
   struct Slice {
     void* addr;
     int64_t bytes;
-    bool mapped;  // munmap vs free
+    bool mapped;     // munmap vs free
+    int64_t offset;  // in the file; -1 when anonymous
   };
 
   const std::string dir_, name_;
   const ArenaOptions options_;
   int fd_ = -1;
+  std::string tmp_path_;   // persistent build in progress: the temp file's path
+  bool read_only_ = false; // fd_ opened O_RDONLY (open_cached)
   std::string open_error_;
   int64_t file_size_ = 0;
   mutable std::mutex mutex_;
   std::vector<Slice> slices_;
   ArenaStats stats_;
   bool warned_ = false;
+  // background prefault (weight_arena_residency.cpp)
+  std::mutex prefault_mutex_;        // serialises prefault()/join_prefault()
+  std::thread prefault_thread_;
+  std::atomic<bool> prefault_stop_{false};
+  mutable std::mutex status_mutex_;
+  std::string prefault_status_;
 };
 
 }  // namespace ktmoe

@@ -43,11 +43,23 @@ std::shared_ptr<KtWeightArena> find_arena(const std::string& key) {
   return arena;
 }
 
+std::vector<std::pair<std::string, std::shared_ptr<KtWeightArena>>> live_arenas() {
+  Registry& r = registry();
+  std::vector<std::pair<std::string, std::shared_ptr<KtWeightArena>>> out;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& [key, weak] : r.arenas)
+    if (auto arena = weak.lock()) out.emplace_back(key, std::move(arena));
+  return out;
+}
+
 at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes) {
   int64_t bytes = 1;
   for (int64_t s : sizes) bytes *= s;
   bool file_backed = false;
-  void* data = arena->alloc(bytes, &file_backed);
+  return arena_tensor(arena, arena->alloc(bytes, &file_backed), sizes);
+}
+
+at::Tensor arena_tensor(const std::shared_ptr<KtWeightArena>& arena, void* data, at::IntArrayRef sizes) {
   return at::from_blob(
       data, sizes, [arena](void*) {}, at::TensorOptions().dtype(at::kByte));
 }

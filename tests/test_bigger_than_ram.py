@@ -1,0 +1,103 @@
+"""Bigger than RAM, proved at small scale: packed experts twice a memory cgroup's limit.
+
+A tiny Qwen3-MoE model (built from a config, saved outside the cgroup) whose packed
+bf16 experts are 2x the limit is loaded with torch_ktmoe.hf.from_pretrained in a
+child process inside a cgroup-v1 memory limit, and generates a few greedy tokens:
+* file-backed (mmap_experts_dir=dir): completes, logits bit-identical to an
+  unconstrained anonymous run;
+* anonymous, same limit: OOM-killed (returncode -9), the expected outcome.
+Skips with the reason where a memory cgroup cannot be made (not root, cgroup v2 only).
+
+Sizes. The limit cannot be small: importing torch + transformers alone costs the
+child ~234 MiB of anonymous memory, and streaming one layer's dense experts
+(48 MiB bf16, stacked once more before packing) adds ~100 MiB at peak. So the
+limit is 400 MiB and the experts 17 x 48 MiB = 816 MiB. The children run with
+MALLOC_MMAP_THRESHOLD_=1 MiB so glibc hands each freed dense staging buffer back
+to the kernel at once instead of keeping it in the heap (otherwise ~80 MiB of
+freed heap stays charged to the cgroup). Writeback needed no help: pack_experts
+starts writeback after each layer and dirty + writeback pages peaked at ~45 MiB.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.cgroup_utils import needs_memory_cgroup, run_in_memory_cgroup
+
+transformers = pytest.importorskip("transformers")
+
+MiB = 1 << 20
+LIMIT = 400 * MiB
+# 17 layers x 64 experts x (3 x 512 x 256) bf16 = 816 MiB packed, 2.04x LIMIT; the rest ~20 MiB
+SHAPE = dict(layers=17, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
+PROMPT = [3, 17, 42, 8, 99]
+NEW_TOKENS = 3
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}
+
+CHILD = """
+import sys, torch
+import torch_ktmoe
+from torch_ktmoe import hf
+from torch_ktmoe.demo import generate
+checkpoint, experts_dir, out = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.set_num_threads(2)
+model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dtype=torch.bfloat16, progress=False)
+tokens, logits, _, _ = generate(model, torch.tensor([%r]), %d, progress=False)
+r = torch_ktmoe.memory_report()
+torch.save({"tokens": tokens, "logits": logits, "report": r, "packed": model.ktmoe_report.packed_bytes}, out)
+print("COMPLETED", r["arena_file_backed_bytes"], r["arena_fallbacks"], r["major_faults"])
+""" % (PROMPT, NEW_TOKENS)
+
+
+def _build_checkpoint(path):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    s = SHAPE
+    config = Qwen3MoeConfig(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=4,
+        num_key_value_heads=1, head_dim=128, intermediate_size=4 * s["hidden"],
+        moe_intermediate_size=s["intermediate"], num_experts=s["experts"], num_experts_per_tok=s["top_k"],
+        decoder_sparse_step=1, max_position_embeddings=256, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    default = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = Qwen3MoeForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(path)
+
+
+@needs_memory_cgroup
+def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    _build_checkpoint(checkpoint)  # outside the cgroup: its page cache is not charged to the child
+    experts_dir = tmp_path / "experts"
+    experts_dir.mkdir()
+
+    ref_out = tmp_path / "ref.pt"
+    ref = subprocess.run([sys.executable, "-c", CHILD, str(checkpoint), "", str(ref_out)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **CHILD_ENV})
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    reference = torch.load(ref_out)
+    assert reference["packed"] >= 2 * LIMIT, "the model is too small to prove anything"
+
+    file_out = tmp_path / "file.pt"
+    res = run_in_memory_cgroup("ktmoe_test_btr_file", LIMIT, CHILD, [checkpoint, experts_dir, file_out],
+                               env=CHILD_ENV)
+    assert res.returncode == 0, f"file-backed run failed under {LIMIT // MiB} MiB: rc={res.returncode}\n" \
+        + res.stdout + res.stderr[-3000:]
+    got = torch.load(file_out)
+    assert got["report"]["arena_fallbacks"] == 0
+    assert got["report"]["arena_file_backed_bytes"] == got["packed"] == reference["packed"]
+    assert got["tokens"] == reference["tokens"]
+    assert torch.equal(got["logits"], reference["logits"])  # bit-identical
+
+    anon_out = tmp_path / "anon.pt"
+    res = run_in_memory_cgroup("ktmoe_test_btr_anon", LIMIT, CHILD, [checkpoint, "", anon_out], env=CHILD_ENV)
+    assert res.returncode == -9 and "COMPLETED" not in res.stdout, (
+        f"the anonymous run was expected to be OOM-killed under {LIMIT // MiB} MiB: rc={res.returncode}\n"
+        + res.stdout + res.stderr[-3000:])

@@ -1,0 +1,167 @@
+"""The persistent packed cache: policies, source fingerprints, the build lock, inspection.
+
+A layer part's packed experts can be kept in ``<dir>/<name>.ktmoe`` (a 4 KiB
+validated header, then 2 MiB-aligned slices; format in ``csrc/arena/cache_file.h``)
+and mapped read-only by later processes instead of being packed again.
+
+Policies (``KTMoE(cache=...)``, ``patch_model``, ``from_pretrained``):
+
+* ``"reuse"`` (default with a directory): map a valid file; a missing, truncated,
+  foreign, stale or corrupt one is rebuilt (the reason is logged at INFO on the
+  ``torch_ktmoe.cache`` logger and kept in ``KTMoE.cache_events``);
+* ``"rebuild"``: always pack and replace the file;
+* ``"off"``: an unnamed file that disappears with the process (nothing persists).
+
+A build writes ``<name>.ktmoe.tmp.<pid>``, writes the header last, fsyncs and
+renames it over the final name, then fsyncs the directory. Validate-or-build
+runs under ``flock`` on ``<name>.ktmoe.lock``, so processes starting together on
+one directory build each file once and never see a half-written one.
+"""
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+from typing import Iterable, List, Optional
+
+import torch
+
+from ._native import _C
+
+CACHE_POLICIES = ("reuse", "rebuild", "off")
+CACHE_SUFFIX = ".ktmoe"
+log = logging.getLogger("torch_ktmoe.cache")
+
+
+def check_policy(cache: str) -> str:
+    if cache not in CACHE_POLICIES:
+        raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}")
+    return cache
+
+
+def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
+    """``blake2b`` of the tensors' bytes, shapes and dtypes (weights packed from memory)."""
+    h = hashlib.blake2b(digest_size=20)
+    for t in tensors:
+        t = t.detach().contiguous()
+        h.update(f"{tuple(t.shape)}:{t.dtype};".encode())
+        if t.numel():
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return "tensors:blake2b:" + h.hexdigest()
+
+
+def checkpoint_fingerprint(path: str, extra: str = "") -> str:
+    """``blake2b`` of a checkpoint directory's file names, sizes and mtimes (plus ``extra``).
+
+    Cheap (no weight is read); any rewritten shard changes it.
+    """
+    h = hashlib.blake2b(digest_size=20)
+    for name in sorted(os.listdir(path)):
+        if name.endswith((".safetensors", ".json")):
+            st = os.stat(os.path.join(path, name))
+            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    h.update(extra.encode())
+    return "checkpoint:blake2b:" + h.hexdigest()
+
+
+def layer_fingerprint(source: str, module_name: str) -> str:
+    """``source|module_name``, hashed when longer than the header's 256 bytes."""
+    fp = f"{source}|{module_name}"
+    return fp if len(fp) <= 256 else "layer:blake2b:" + hashlib.blake2b(fp.encode(), digest_size=20).hexdigest()
+
+
+@contextlib.contextmanager
+def build_lock(directory: str, name: str):
+    """``flock`` on ``<directory>/<name>.ktmoe.lock`` for validate-or-build.
+
+    Yields True when locked. Where the lock file cannot be made (missing or
+    read-only directory) there is nothing to protect (the arena falls back to
+    anonymous memory): yields False, unlocked.
+    """
+    try:
+        fd = os.open(os.path.join(directory, name + CACHE_SUFFIX + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def parse_name(file_name: str):
+    """(layer, part) of ``layer0003.part1.ktmoe``, or (None, None)."""
+    stem = file_name[: -len(CACHE_SUFFIX)] if file_name.endswith(CACHE_SUFFIX) else file_name
+    try:
+        layer, part = stem.split(".")
+        return int(layer[len("layer"):]), int(part[len("part"):])
+    except ValueError:
+        return None, None
+
+
+def inspect_dir(directory: str) -> List[dict]:
+    """One dict per ``*.ktmoe`` file of ``directory``: header fields, size, resident bytes, valid/reason."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(CACHE_SUFFIX):
+            continue
+        info = dict(_C.inspect_cache_file(os.path.join(directory, name)))
+        info["name"] = name
+        info["layer"], info["part"] = parse_name(name)
+        out.append(info)
+    return out
+
+
+def leftover_temp_files(directory: str) -> List[str]:
+    """Temporary build files (``*.ktmoe.tmp.<pid>``) in ``directory``."""
+    return sorted(n for n in os.listdir(directory) if CACHE_SUFFIX + ".tmp." in n)
+
+
+def load_or_build(arena, key, policy: str, build, events: Optional[list] = None):
+    """Validate-or-build one arena's cache file under its lock.
+
+    ``build(arena)`` packs into the arena and returns ``(w13, w2)``; it is not
+    called on a cache hit. Returns ``(w13, w2, hit)``; ``build=None`` returns
+    ``(None, None, False)`` on a miss. Appends ``{name, hit, reason}`` to events.
+    """
+    with build_lock(arena.dir, arena.name) as locked:
+        if locked:  # builds run under this lock: any temp file of this name is a crashed build's
+            _remove_stale_temp_files(arena.dir, arena.name)
+        reason = "cache='rebuild'"
+        if policy == "reuse":
+            reason, w13, w2 = arena.load_cached(key)
+            if not reason:
+                _record(events, arena.name, True, "valid")
+                return w13, w2, True
+        if build is None:
+            _record(events, arena.name, False, reason)
+            return None, None, False
+        log.info("ktmoe cache: building %s in %s (%s)", arena.name, arena.dir, reason)
+        error = arena.begin_build()
+        if error:
+            log.info("ktmoe cache: %s cannot be kept: %s", arena.name, error)
+        try:
+            w13, w2 = build(arena)
+            if not error:
+                error = arena.commit_build(w13, w2, key)
+                if error:
+                    log.warning("ktmoe cache: %s was not kept: %s", arena.name, error)
+        finally:
+            arena.abort_build()  # no-op after a commit
+        _record(events, arena.name, False, reason if not error else f"{reason}; not kept: {error}")
+        return w13, w2, False
+
+
+def _remove_stale_temp_files(directory: str, name: str) -> None:
+    prefix = name + CACHE_SUFFIX + ".tmp."
+    for n in os.listdir(directory):
+        if n.startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, n))
+                log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
+
+
+def _record(events, name, hit, reason):
+    if events is not None:
+        events.append({"name": name, "hit": hit, "reason": reason})
