@@ -24,13 +24,17 @@
 //   3. down:     item = (expert, range of blocks of w2) -> y[r] (fp32, one slot per
 //                pair), written by gemm directly.
 //   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype.
-// Item sizes. An expert with at most kTokenTile rows (decode) reads each weight
-// once whatever the item size, so its blocks are cut into small items (about
-// kMinItemBytes of weights) that spread one expert over all threads. An expert
-// with more rows (prefill) gets items of about kPanelBytes of weights (half the
-// 1 MiB L2): the item walks all the expert's rows in tiles of kTokenTile, and the
-// panel is read from memory once and from L2 for every further tile. Item sizes
-// depend only on the problem, never on the thread count.
+// Item sizes. An expert with few rows (decode: at most decode_rows(), 12 for
+// kBF16 whose gemm has an L1-blocked path above 12 rows, kTokenTile for int
+// formats) reads each weight once whatever the item size, so its blocks are cut
+// into small items (about kMinItemBytes of weights) that spread one expert over
+// all threads. An expert with more rows (prefill) gets items of about
+// kPanelBytes of weights (half the 1 MiB L2), cut at multiples of 4 blocks (whole
+// register groups): the item walks all the expert's rows in tiles of kTokenTile,
+// and the panel is read from memory once and from L2 for every further tile.
+// Item sizes depend only on the problem, never on the thread count.
+// bf16 activation rows have a stride of kp + 32 elements so that rows are never
+// a multiple of 4 KiB apart (L1 set aliasing; the gemm then reads them in place).
 //
 // Scratch: one 64-byte-aligned block per call, carved into the buffers below; it
 // is owned by the calling thread and kept (grow-only) for the next call, so a
@@ -40,6 +44,7 @@
 #include "kernels/moe_driver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -53,12 +58,18 @@ namespace ktmoe {
 namespace {
 
 constexpr int64_t kTokenTile = 32;           // rows per gemm call
+// Experts with more rows than this get prefill items: kBF16 gemms run an
+// L1-blocked path above one row tile (12 rows), the int tiles prefer small items
+// up to kTokenTile rows (measured).
+inline int64_t decode_rows(const PackedMatrixHeader* h) {
+  return h->format == uint8_t(WeightFormat::kBF16) ? 12 : kTokenTile;
+}
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
 constexpr int64_t kMinItemBytes = 128 << 10;  // decode: weight bytes per item (at least one unit)
 constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
 constexpr int64_t kCombineCols = 512;        // combine: fp32 accumulator columns on the stack
 constexpr size_t kAlign = 64;
-constexpr size_t kRetainBytes = size_t(64) << 20;  // largest scratch kept between calls
+constexpr size_t kRetainBytes = size_t(256) << 20;  // largest scratch kept between calls
 
 // Grow-only, 64-byte-aligned scratch owned by one (calling) thread.
 class Scratch {
@@ -105,6 +116,7 @@ struct Layout {
 struct ActRows {
   WeightFormat format = WeightFormat::kBF16;
   int64_t kp = 0, group = 0, ngroups = 0;
+  int64_t ld = 0;  // bf16 row stride (elements): kp + 32, so rows are not 4 KiB apart (L1 sets)
   uint16_t* bf16 = nullptr;
   int8_t* q = nullptr;
   float* scale = nullptr;
@@ -113,9 +125,9 @@ struct ActRows {
 
   ActRows() = default;
   ActRows(const PackedMatrixHeader* w, int64_t rows, Layout& layout)
-      : format(static_cast<WeightFormat>(w->format)), kp(w->kp), group(w->group) {
+      : format(static_cast<WeightFormat>(w->format)), kp(w->kp), group(w->group), ld(w->kp + 32) {
     if (format == WeightFormat::kBF16) {
-      off_bf16 = layout.take(size_t(rows) * kp * 2);
+      off_bf16 = layout.take(size_t(rows) * ld * 2);
     } else {
       ngroups = kp / group;
       off_q = layout.take(size_t(rows) * kp);
@@ -138,7 +150,7 @@ struct ActRows {
   // Row dst of this = row src of other (same format and sizes).
   void copy_row_from(const ActRows& other, int64_t src, int64_t dst) const {
     if (format == WeightFormat::kBF16) {
-      std::memcpy(bf16 + dst * kp, other.bf16 + src * kp, size_t(kp) * 2);
+      std::memcpy(bf16 + dst * ld, other.bf16 + src * other.ld, size_t(kp) * 2);
     } else {
       std::memcpy(q + dst * kp, other.q + src * kp, size_t(kp));
       scale[dst] = other.scale[src];
@@ -151,7 +163,7 @@ struct ActRows {
 void gemm(const IsaKernels& isa, const PackedMatrixHeader* w, const ActRows& a, int64_t r0,
           int64_t m, int64_t b0, int64_t b1, float* c, int64_t ldc) {
   switch (a.format) {
-    case WeightFormat::kBF16: isa.gemm_bf16(w, a.bf16 + r0 * a.kp, a.kp, m, b0, b1, c, ldc); break;
+    case WeightFormat::kBF16: isa.gemm_bf16(w, a.bf16 + r0 * a.ld, a.ld, m, b0, b1, c, ldc); break;
     case WeightFormat::kINT8: isa.gemm_int8(w, a.quantized(r0), m, b0, b1, c, ldc); break;
     case WeightFormat::kINT4: isa.gemm_int4(w, a.quantized(r0), m, b0, b1, c, ldc); break;
   }
@@ -164,18 +176,42 @@ struct Item {
 
 // Cuts each active expert's `units` units (of unit_bytes weight bytes each) into
 // near-equal items, sized by the expert's row count (see [NOTE]).
+// Prefill items have boundaries at multiples of `align` units (whole 4-block
+// register groups of the gemm tiles).
 std::vector<Item> make_items(const std::vector<int64_t>& active, const std::vector<int64_t>& row_begin,
-                             int64_t units, int64_t unit_bytes) {
+                             int64_t units, int64_t unit_bytes, int64_t align,
+                             int64_t decode_rows) {
   std::vector<Item> items;
   for (int64_t e : active) {
     const int64_t rows = row_begin[e + 1] - row_begin[e];
-    const int64_t budget = rows > kTokenTile ? kPanelBytes : kMinItemBytes;
+    const bool prefill = rows > decode_rows;
+    const int64_t budget = prefill ? kPanelBytes : kMinItemBytes;
     const int64_t per_item = std::max<int64_t>(1, std::min(units, budget / unit_bytes));
     const int64_t n_items = (units + per_item - 1) / per_item;
-    for (int64_t i = 0; i < n_items; ++i)
-      items.push_back({e, i * units / n_items, (i + 1) * units / n_items});
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n_items; ++i) {
+      int64_t end = (i + 1) * units / n_items;
+      if (prefill && end < units) end = (end + align / 2) / align * align;
+      if (end <= prev) continue;
+      items.push_back({e, prev, end});
+      prev = end;
+    }
   }
   return items;
+}
+
+// Runs item(i) for i < n on the threads of one parallel_for, which take items
+// from a shared counter (dynamic): a thread that starts late or is descheduled
+// (noisy VMs) takes fewer items instead of holding up the others. Items write
+// disjoint outputs and do not depend on who runs them, so the bits are the same.
+template <class F>
+void for_each_item(const ParallelFor& parallel_for, int64_t n, const F& item) {
+  std::atomic<int64_t> next{0};
+  parallel_for(n, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      item(i);
+  });
 }
 
 const PackedMatrixHeader* header_at(const uint8_t* base, int64_t stride, int64_t e) {
@@ -254,7 +290,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
   parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
     if (xa.format == WeightFormat::kBF16) {
       for (int64_t t = t0; t < t1; ++t) {
-        uint16_t* dst = xa.bf16 + t * xa.kp;
+        uint16_t* dst = xa.bf16 + t * xa.ld;
         if (x_bf16) std::memcpy(dst, x16 + t * H, size_t(H) * 2);
         else isa.to_bf16(x32 + t * H, dst, H);
         std::fill(dst + H, dst + xa.kp, uint16_t{0});
@@ -275,10 +311,10 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
 
   // ---- 2. gate/up + silu -> h, then h -> w2's activation format ------------------
   const int64_t pair_bytes = 2 * block_data_bytes(WeightFormat(h13->format), h13->kp);
-  const std::vector<Item> items13 = make_items(active, row_begin, pairs, pair_bytes);
-  parallel_for(int64_t(items13.size()), 1, [&](int64_t i0, int64_t i1) {
+  const std::vector<Item> items13 = make_items(active, row_begin, pairs, pair_bytes, 2, decode_rows(h13));
+  for_each_item(parallel_for, int64_t(items13.size()), [&](int64_t it) {
     alignas(64) float tile[kTokenTile * kMaxPairsPerCall * 32];
-    for (int64_t it = i0; it < i1; ++it) {
+    {
       const Item& item = items13[it];
       const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
       for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
@@ -298,7 +334,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
   parallel_for(P, 16, [&](int64_t r0, int64_t r1) {
     if (ha.format == WeightFormat::kBF16) {
       for (int64_t r = r0; r < r1; ++r) {
-        uint16_t* dst = ha.bf16 + r * ha.kp;
+        uint16_t* dst = ha.bf16 + r * ha.ld;
         isa.to_bf16(hbuf + r * ldh, dst, inter);
         std::fill(dst + inter, dst + ha.kp, uint16_t{0});
       }
@@ -310,9 +346,9 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
 
   // ---- 3. down -> one fp32 slot per pair -----------------------------------------
   const int64_t block_bytes2 = block_data_bytes(WeightFormat(h2->format), h2->kp);
-  const std::vector<Item> items2 = make_items(active, row_begin, h2->np / kBlockN, block_bytes2);
-  parallel_for(int64_t(items2.size()), 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t it = i0; it < i1; ++it) {
+  const std::vector<Item> items2 = make_items(active, row_begin, h2->np / kBlockN, block_bytes2, 4, decode_rows(h2));
+  for_each_item(parallel_for, int64_t(items2.size()), [&](int64_t it) {
+    {
       const Item& item = items2[it];
       const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
       for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
