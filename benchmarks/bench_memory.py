@@ -180,7 +180,7 @@ def _table(a, f, cached):
 
 
 def main(argv=None) -> int:
-    from torch_ktmoe.demo import add_demo_arguments, build_checkpoint
+    from torch_ktmoe.demo import add_demo_arguments, checkpoint_for, child_command, make_workdir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_demo_arguments(ap)
@@ -190,28 +190,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.mode:
         return run_mode(args)
-    parent = args.mmap_dir or ("/var/tmp" if os.access("/var/tmp", os.W_OK) else os.getcwd())
-    work = tempfile.mkdtemp(prefix="ktmoe-bench-memory-", dir=parent)
+    work = make_workdir(args, "ktmoe-bench-memory-")
     try:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            checkpoint = os.path.join(work, "checkpoint")
-            print(f"building a random Qwen3-MoE: {args.layers} layers, hidden {args.hidden}, {args.experts} experts "
-                  f"(top-{args.top_k}) of intermediate {args.intermediate} ...", flush=True)
-            build_checkpoint(args, checkpoint)
+        checkpoint = checkpoint_for(args, work)
         results = {}
         experts_dir = os.path.join(work, "experts-cache")
         os.makedirs(experts_dir)
         for mode in ("anonymous", "file", "cached"):
             print(f"[{mode}] loading and measuring ...", flush=True)
             out = os.path.join(work, f"{mode}.json")
-            cmd = [sys.executable, "-m", "benchmarks.bench_memory", "--mode", mode, "--result", out,
-                   "--checkpoint", checkpoint, "--format", args.format, "--tokens", str(args.tokens),
-                   "--prompt-tokens", str(args.prompt_tokens), "--mmap-dir", work, "--drop", args.drop]
+            cmd = child_command("benchmarks.bench_memory", mode, out, checkpoint, work, args) + ["--drop", args.drop]
             if mode != "anonymous":
                 cmd += ["--experts-dir", experts_dir]
-            if args.threads:
-                cmd += ["--threads", str(args.threads)]
             if subprocess.run(cmd).returncode != 0:
                 print(f"bench_memory: the {mode} run failed", file=sys.stderr)
                 return 1

@@ -211,13 +211,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "header fields, valid/reason (well-formed and this build's layout) and resident_bytes of a .ktmoe file");
   m.def("process_arena_stats", [] {
     const ktmoe::ProcessArenaStats s = ktmoe::KtWeightArena::process_stats();
-    py::dict d;
+    py::dict d = arena_stats_dict(s);
     d["arenas"] = s.arenas;
-    d["allocations"] = s.allocations;
-    d["file_backed_bytes"] = s.file_backed_bytes;
-    d["anon_bytes"] = s.anon_bytes;
-    d["fallbacks"] = s.fallbacks;
-    d["fallback_reasons"] = s.fallback_reasons;
     return d;
   });
   m.def("live_arenas", [] {

@@ -55,6 +55,32 @@ def build_checkpoint(args, path: str) -> None:
     model.save_pretrained(path)
 
 
+def make_workdir(args, prefix: str) -> str:
+    """A temporary directory on disk (not tmpfs) under --mmap-dir, default /var/tmp."""
+    parent = args.mmap_dir or ("/var/tmp" if os.access("/var/tmp", os.W_OK) else os.getcwd())
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
+
+
+def checkpoint_for(args, work: str) -> str:
+    """--checkpoint, or a random Qwen3-MoE of the requested size built into work."""
+    if args.checkpoint is not None:
+        return args.checkpoint
+    checkpoint = os.path.join(work, "checkpoint")
+    print(f"building a random Qwen3-MoE model: {args.layers} layers, hidden {args.hidden}, "
+          f"{args.experts} experts (top-{args.top_k}) of intermediate {args.intermediate}, "
+          f"vocab {args.vocab} ...", flush=True)
+    build_checkpoint(args, checkpoint)
+    return checkpoint
+
+
+def child_command(module: str, mode: str, result: str, checkpoint: str, work: str, args) -> list:
+    """Command line re-running `module` for one mode in its own process."""
+    cmd = [sys.executable, "-m", module, "--mode", mode, "--result", result, "--checkpoint", checkpoint,
+           "--format", args.format, "--tokens", str(args.tokens), "--prompt-tokens", str(args.prompt_tokens),
+           "--mmap-dir", work]
+    return cmd + (["--threads", str(args.threads)] if args.threads else [])
+
+
 def generate(model, prompt, new_tokens, progress=True):
     """Greedy decoding with a KV cache; returns (tokens, last logits, prefill s, decode s)."""
     import torch
@@ -125,27 +151,17 @@ def _fmt_bytes(n):
 def run_demo(args) -> int:
     if args.mode:
         return run_mode(args)
-    mmap_parent = args.mmap_dir or ("/var/tmp" if os.access("/var/tmp", os.W_OK) else os.getcwd())
-    work = tempfile.mkdtemp(prefix="ktmoe-demo-", dir=mmap_parent)
+    work = make_workdir(args, "ktmoe-demo-")
     try:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            checkpoint = os.path.join(work, "checkpoint")
-            print(f"building a random Qwen3-MoE model: {args.layers} layers, hidden {args.hidden}, "
-                  f"{args.experts} experts (top-{args.top_k}) of intermediate {args.intermediate}, "
-                  f"vocab {args.vocab} ...", flush=True)
-            build_checkpoint(args, checkpoint)
+        checkpoint = checkpoint_for(args, work)
         results = {}
         for mode in ("anonymous", "file"):
             print(f"\n[{mode}] loading (experts streamed into "
-                  f"{'anonymous memory' if mode == 'anonymous' else 'files under ' + mmap_parent}) "
+                  f"{'anonymous memory' if mode == 'anonymous' else 'files under ' + work}) "
                   f"and generating {args.tokens} tokens ...", flush=True)
             out = os.path.join(work, f"{mode}.json")
-            cmd = [sys.executable, "-m", "torch_ktmoe", "demo", "--mode", mode, "--result", out,
-                   "--checkpoint", checkpoint, "--format", args.format, "--tokens", str(args.tokens),
-                   "--prompt-tokens", str(args.prompt_tokens), "--mmap-dir", work]
-            if args.threads:
-                cmd += ["--threads", str(args.threads)]
+            cmd = child_command("torch_ktmoe", mode, out, checkpoint, work, args)
+            cmd.insert(3, "demo")
             if subprocess.run(cmd).returncode != 0:
                 print(f"demo: the {mode} run failed", file=sys.stderr)
                 return 1

@@ -56,14 +56,10 @@ struct ArenaStats {
   std::vector<std::string> fallback_reasons;  // one per fallback, in order
 };
 
-// Process-wide totals over all arenas ever opened (arenas: currently alive).
-struct ProcessArenaStats {
-  int64_t arenas = 0;
-  int64_t allocations = 0;
-  int64_t file_backed_bytes = 0;  // alive arenas only
-  int64_t anon_bytes = 0;         // alive arenas only
-  int64_t fallbacks = 0;          // since process start
-  std::vector<std::string> fallback_reasons;  // distinct reasons, first seen first
+// Process-wide totals: the ArenaStats fields summed over live arenas, except
+// fallbacks (since process start) and fallback_reasons (distinct, first seen first).
+struct ProcessArenaStats : ArenaStats {
+  int64_t arenas = 0;  // live arenas
 };
 
 struct ArenaOptions {
