@@ -39,8 +39,9 @@
 // Scratch: one 64-byte-aligned block per call, carved into the buffers below; it
 // is owned by the calling thread and kept (grow-only) for the next call, so a
 // steady stream of forwards does not page-fault fresh memory every time. A block
-// above kRetainBytes (a long prefill) is freed after the call: anonymous memory
-// is what this library keeps small.
+// above retain_bytes() (512 MiB, or KTMOE_SCRATCH_RETAIN_MB) is freed after the
+// call: anonymous memory is what this library keeps small. (T=2048 tokens, k=8,
+// H=2048 bf16 needs ~290 MB; refaulting that every call costs ~25 % of prefill.)
 #include "kernels/moe_driver.h"
 
 #include <algorithm>
@@ -69,7 +70,14 @@ constexpr int64_t kMinItemBytes = 128 << 10;  // decode: weight bytes per item (
 constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
 constexpr int64_t kCombineCols = 512;        // combine: fp32 accumulator columns on the stack
 constexpr size_t kAlign = 64;
-constexpr size_t kRetainBytes = size_t(256) << 20;  // largest scratch kept between calls
+// Largest scratch kept between calls.
+size_t retain_bytes() {
+  static const size_t bytes = [] {
+    const char* env = std::getenv("KTMOE_SCRATCH_RETAIN_MB");
+    return (env ? size_t(std::strtoull(env, nullptr, 10)) : size_t(512)) << 20;
+  }();
+  return bytes;
+}
 
 // Grow-only, 64-byte-aligned scratch owned by one (calling) thread.
 class Scratch {
@@ -377,7 +385,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
       }
     }
   });
-  if (layout.size > kRetainBytes) scratch.release();
+  if (layout.size > retain_bytes()) scratch.release();
 }
 
 }  // namespace ktmoe
