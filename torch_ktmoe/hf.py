@@ -54,6 +54,7 @@ import torch
 import torch.nn as nn
 
 from .cache import checkpoint_fingerprint, layer_fingerprint
+from .memory import release_free_heap
 from .integrations.transformers_experts import (
     SUPPORTED_EXPERTS_CLASSES,
     KTMoEExperts,
@@ -527,5 +528,6 @@ def from_pretrained(
         ckpt.close()
     if not report.refused:
         _mark_config(model)
+    release_free_heap()  # the dense staging buffers of the stream, back to the OS
     model.ktmoe_report = report
     return model
