@@ -1,0 +1,104 @@
+"""Decode under memory pressure: packed experts twice a memory cgroup's limit.
+
+Run (root, cgroup v1): python -m benchmarks.bench_bigger_than_ram [--limit-mib 400] [--tokens 16]
+
+Builds a Qwen3-MoE model (default 17 layers x 48 MiB = 816 MiB of packed bf16
+experts), then in one child process per row loads it with
+torch_ktmoe.hf.from_pretrained and decodes greedily:
+  * file-backed, no limit                  (the reference speed);
+  * file-backed, inside a --limit-mib cgroup (experts >= 2x the limit: every
+    token refaults evicted experts from disk);
+  * anonymous, inside the same cgroup       (expected: OOM-killed).
+Prints decode tok/s, major page faults per token and whether the tokens match.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from torch_ktmoe.demo import build_checkpoint, make_workdir
+from torch_ktmoe.memcg import run_in_memory_cgroup
+
+MiB = 1 << 20
+
+CHILD = r"""
+import json, resource, sys, time, torch
+from torch_ktmoe import hf
+from torch_ktmoe.demo import generate
+checkpoint, experts_dir, tokens, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(2)
+model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dtype=torch.bfloat16,
+                           progress=False, cache="off")
+prompt = torch.tensor([[3, 17, 42, 8, 99]])
+generate(model, prompt, 2, progress=False)                    # warm-up
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+out_tokens, _, _, decode_s = generate(model, prompt, tokens, progress=False)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0
+json.dump({"tok_s": (tokens - 1) / decode_s, "major_faults_per_token": faults / tokens,
+           "tokens": out_tokens, "packed": model.ktmoe_report.packed_bytes}, open(out, "w"))
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit-mib", type=int, default=400)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=17)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--intermediate", type=int, default=256)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--mmap-dir", default=None, help="parent of the work directory (default /var/tmp)")
+    ap.add_argument("--checkpoint", default=None)
+    args = ap.parse_args(argv)
+    work = make_workdir(args, "ktmoe-btr-")
+    env = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}  # freed staging buffers go back to the kernel at once
+    try:
+        checkpoint = args.checkpoint or os.path.join(work, "checkpoint")
+        if args.checkpoint is None:
+            build_checkpoint(args, checkpoint)  # outside the cgroup: its page cache is not charged there
+        rows = {}
+        for name, directory, limited in (("file-backed, no limit", "experts-free", False),
+                                         (f"file-backed, {args.limit_mib} MiB limit", "experts-limited", True),
+                                         (f"anonymous, {args.limit_mib} MiB limit", "", True)):
+            experts_dir = os.path.join(work, directory) if directory else ""
+            if experts_dir:
+                os.makedirs(experts_dir)
+            out = os.path.join(work, f"row{len(rows)}.json")
+            child_args = [checkpoint, experts_dir, args.tokens, out]
+            print(f"[{name}] ...", flush=True)
+            if limited:
+                res = run_in_memory_cgroup(f"ktmoe_bench_btr_{len(rows)}", args.limit_mib * MiB, CHILD, child_args,
+                                           timeout=900, env=env)
+            else:
+                res = subprocess.run([sys.executable, "-c", CHILD, *map(str, child_args)], capture_output=True,
+                                     text=True, timeout=900, env={**os.environ, **env})
+            if res.returncode == 0:
+                with open(out) as f:
+                    rows[name] = json.load(f)
+            else:
+                rows[name] = {"returncode": res.returncode, "stderr": res.stderr[-500:]}
+        ref = next(iter(rows.values()))
+        print(f"\n{ref.get('packed', 0) / MiB:.0f} MiB of packed bf16 experts, limit {args.limit_mib} MiB "
+              f"({ref.get('packed', 0) / (args.limit_mib * MiB):.2f}x), {args.tokens} tokens, 2 threads\n")
+        print("| run | decode tok/s | major faults / token | same tokens |")
+        print("| --- | ---: | ---: | --- |")
+        for name, r in rows.items():
+            if "tok_s" in r:
+                print(f"| {name} | {r['tok_s']:.2f} | {r['major_faults_per_token']:.1f} | "
+                      f"{r['tokens'] == ref.get('tokens')} |")
+            else:
+                killed = " (OOM-killed, as expected)" if r["returncode"] == -9 else ""
+                print(f"| {name} | rc {r['returncode']}{killed} | - | - |")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
