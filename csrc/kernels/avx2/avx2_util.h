@@ -21,17 +21,7 @@ namespace ktmoe {
 namespace avx2 {
 
 // ---- entry points (signatures of IsaKernels, see isa_kernels.h) ----
-void gemm_bf16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
-               int64_t b0, int64_t b1, float* c, int64_t ldc);
-void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc);
-void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc);
-void silu_mul(const float* gate, const float* up, float* h, int64_t n);
-void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp,
-                   int64_t group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,
-                   int64_t gsum_ld);
-void to_bf16(const float* x, uint16_t* y, int64_t n);
+KTMOE_DECLARE_ISA_ENTRY_POINTS();
 
 // ---- shared constants ----
 constexpr int64_t kRowChunk = 64;  // rows re-laid into scratch at a time (bounds scratch)

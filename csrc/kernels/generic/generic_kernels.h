@@ -29,16 +29,7 @@ inline void panel_madd(const float* panel, const float* x, int64_t kc, float* ac
   for (int64_t j = 0; j < kBlockN; ++j) acc[j] = a[j];
 }
 
-void gemm_bf16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc);
-void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc);
-void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc);
-void silu_mul(const float* gate, const float* up, float* h, int64_t n);
-void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
-                   int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);
-void to_bf16(const float* x, uint16_t* y, int64_t n);
+KTMOE_DECLARE_ISA_ENTRY_POINTS();
 
 }  // namespace generic
 }  // namespace ktmoe
