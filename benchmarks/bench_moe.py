@@ -159,9 +159,9 @@ def summary_table(results):
         if key not in peer_best or p["ms"] < peer_best[key]["ms"]:
             peer_best[key] = p
     peer_names = sorted({p["peer"] for p in results["peers"]})
-    lines = ["| shape | format | T | threads | ms | weight GB/s | % read roof | GFLOP/s | % bf16 matmul roof | "
-             + " | ".join(f"{n} (x faster)" for n in peer_names) + " |",
-             "|" + " --- |" * (9 + len(peer_names))]
+    header = ["shape", "format", "T", "threads", "ms", "weight GB/s", "% read roof", "GFLOP/s",
+              "% bf16 matmul roof"] + [f"{n} (x faster)" for n in peer_names]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for (shape, fmt, t), r in sorted(best.items(), key=lambda kv: (list(SHAPES).index(kv[0][0]),
                                                                    FORMATS.index(kv[0][1]), kv[0][2])):
         cells = []
@@ -170,8 +170,9 @@ def summary_table(results):
             applies = shape == "ref" and p and (p["format"] == fmt)
             cells.append(f"{p['ms']:.2f} ms ({p['ms'] / r['ms']:.2f}x)" if applies else "")
         mm = f"{100 * r['matmul_roof_frac']:.0f}%" if r["matmul_roof_frac"] else ""
-        lines.append(f"| {shape} | {fmt} | {t} | {r['threads']} | {r['ms']:.3f} | {r['weight_GBps']:.1f} | "
-                     f"{100 * r['read_roof_frac']:.0f}% | {r['GFLOPs']:.0f} | {mm} | " + " | ".join(cells) + " |")
+        row = [shape, fmt, t, r["threads"], f"{r['ms']:.3f}", f"{r['weight_GBps']:.1f}",
+               f"{100 * r['read_roof_frac']:.0f}%", f"{r['GFLOPs']:.0f}", mm] + cells
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
     return "\n".join(lines)
 
 
