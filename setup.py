@@ -8,6 +8,12 @@ Two kinds of sources:
 * ATen glue (csrc/bindings.cpp, csrc/ops/*) is compiled by torch's
   BuildExtension (ninja) and linked with the objects above.
 Objects are rebuilt only when a source or a header it includes changed.
+
+Each torch version gets its own object directory (build/temp-torch-<version>), so a
+build against another torch (e.g. sglang's, `make test-sglang`) never links objects
+compiled against this one. The torch version is written next to the built module
+(torch_ktmoe/_C.torch-version); torch_ktmoe/_native.py compares it with the running
+torch before it imports the extension.
 """
 import json
 import os
@@ -18,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import setup
+import torch
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = Path(__file__).resolve().parent
@@ -75,7 +82,31 @@ def build_torch_free_objects(build_dir: Path, jobs: int = 2):
     return objects
 
 
+TORCH_VERSION_FILE = "_C.torch-version"  # read by torch_ktmoe/_native.py
+
+
 class BuildExt(BuildExtension):
+    def finalize_options(self):
+        super().finalize_options()
+        # never share objects between torch versions (their ATen headers differ)
+        self.build_temp = str(ROOT / "build" / f"temp-torch-{torch.__version__}")
+
+    def build_extension(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name))
+        stamp = out.with_name(TORCH_VERSION_FILE)
+        if out.exists() and (not stamp.exists() or stamp.read_text().strip() != torch.__version__):
+            out.unlink()  # linked against another torch (build/lib* is shared): relink, never "up to date"
+        super().build_extension(ext)
+        stamp.write_text(torch.__version__ + "\n")
+
+    def copy_extensions_to_source(self):  # --inplace: the version file travels with the module
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+            self.copy_file(str(Path(regular_file).with_name(TORCH_VERSION_FILE)),
+                           str(Path(inplace_file).with_name(TORCH_VERSION_FILE)))
+
     def build_extensions(self):
         objects = build_torch_free_objects(Path(self.build_temp) / "torch_free", jobs=os.cpu_count() or 2)
         headers = [str(p) for p in CSRC.rglob("*.h")]
