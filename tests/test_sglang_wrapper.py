@@ -1,0 +1,194 @@
+"""torch_ktmoe.sglang.KTMoEWrapper without sglang: kt-kernel's contract, id mapping, checkpoint layouts,
+bad input; and the build-time torch version check of torch_ktmoe._native.
+
+The same wrapper driven by a real sglang layer: tests/integration/test_sglang.py (`make test-sglang`).
+"""
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from torch_ktmoe import _native
+from torch_ktmoe.reference import moe_reference
+from torch_ktmoe.sglang import MMAP_DIR_ENV, KTMoEWrapper, weight_format_of
+from tests.conftest import FORMAT_TOLERANCE, random_experts
+
+E, H, I, K, L = 6, 64, 32, 2, 3
+
+
+def _experts(seed=0):
+    gate_up, down = random_experts(E, H, I, seed=seed)
+    return gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
+
+
+def _write(path, layout, gate_up, down, layer=L):
+    """A checkpoint of one layer's experts in one of the layouts NativeMoEWrapper reads."""
+    os.makedirs(path, exist_ok=True)
+    t = {}
+    for e in range(E):
+        g, u = gate_up[e, :I], gate_up[e, I:]
+        if layout == "qwen":
+            p = f"model.layers.{layer}.mlp.experts.{e}"
+            t.update({f"{p}.gate_proj.weight": g, f"{p}.up_proj.weight": u, f"{p}.down_proj.weight": down[e]})
+        elif layout == "mixtral":
+            p = f"model.layers.{layer}.block_sparse_moe.experts.{e}"
+            t.update({f"{p}.w1.weight": g, f"{p}.w3.weight": u, f"{p}.w2.weight": down[e]})
+    if layout == "fused":
+        t = {f"model.layers.{layer}.mlp.experts.gate_up_proj": gate_up,
+             f"model.layers.{layer}.mlp.experts.down_proj": down}
+    if layout == "kt-amx":
+        t = {"blk.3.ffn_up_exps.0.numa.0.weight": torch.zeros(4, dtype=torch.uint8)}
+    save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(path, "model.safetensors"))
+    return str(path)
+
+
+def _wrapper(path, **kw):
+    args = dict(num_gpu_experts=2, cpuinfer_threads=4, threadpool_count=2, weight_path=path,
+                chunked_prefill_size=512, method="BF16")
+    args.update(kw)
+    return KTMoEWrapper(L, E, K, H, I, **args)
+
+
+def _routing(T, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    w, ids = torch.topk(torch.softmax(torch.randn(T, E, generator=g), -1), K, dim=-1)
+    return x, ids.to(torch.int32), w.float()
+
+
+def _ref(gate_up, down, x, ids, w, on_cpu):
+    """fp32 reference of the experts where ``on_cpu[id]`` (others skipped, as on the GPU)."""
+    ids = torch.where(on_cpu[ids.long()], ids.long(), torch.full_like(ids.long(), -1))
+    return moe_reference(x.float(), ids, w, gate_up.float(), down.float())
+
+
+def _rel(out, ref):
+    return float((out.float() - ref).abs().mean() / ref.abs().mean())
+
+
+@pytest.mark.parametrize("layout", ["qwen", "mixtral", "fused"])
+def test_layouts_and_gpu_split_match_reference(tmp_path, layout):
+    gate_up, down = _experts()
+    wr = _wrapper(_write(tmp_path, layout, gate_up, down))
+    wr.load_weights(torch.arange(E))
+    x, ids, w = _routing(17)
+    before = ids.clone()
+    out = wr.forward(x, ids, w)
+    assert torch.equal(ids, before)  # inputs untouched
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert wr.moe.num_experts == E - 2
+    assert _rel(out, _ref(gate_up, down, x, ids, w, torch.arange(E) >= 2)) <= FORMAT_TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("method,fmt", [("BF16", "bf16"), ("AMXINT8", "int8"), ("MOE_INT4", "int4")])
+def test_methods_within_format_bounds(tmp_path, method, fmt):
+    gate_up, down = _experts(seed=2)
+    wr = _wrapper(_write(tmp_path, "qwen", gate_up, down), method=method, num_gpu_experts=0)
+    assert wr.weight_format == fmt == weight_format_of(method.lower())
+    wr.load_weights(None)
+    x, ids, w = _routing(32)
+    assert _rel(wr.forward(x, ids, w), _ref(gate_up, down, x, ids, w, torch.ones(E, dtype=torch.bool))) \
+        <= FORMAT_TOLERANCE[fmt]
+
+
+def test_submit_copies_inputs_before_returning(tmp_path):
+    """sglang masks topk_ids in place right after submit and may overwrite x: the result must not change."""
+    gate_up, down = _experts()
+    wr = _wrapper(_write(tmp_path, "qwen", gate_up, down))
+    wr.load_weights(torch.arange(E))
+    x, ids, w = _routing(9)
+    expected = wr.forward(x, ids, w)
+    x2, ids2, w2 = x.clone(), ids.clone(), w.clone()
+    wr.submit_forward(x2, ids2, w2, 0)
+    ids2[ids2 >= 2] = -1
+    x2.zero_()
+    w2.zero_()
+    assert torch.equal(wr.sync_forward(x2, 0), expected)
+
+
+def test_gpu_experts_mask_and_physical_to_logical_map(tmp_path):
+    gate_up, down = _experts()
+    path = _write(tmp_path, "fused", gate_up, down)
+    mask = torch.tensor([False, True, False, True, True, False])  # experts 1, 3, 4 on the GPU
+    perm = torch.tensor([5, 0, 3, 1, 2, 4])  # physical p holds logical perm[p]
+    wr = _wrapper(path, num_gpu_experts=None, gpu_experts_mask=mask)
+    wr.load_weights(perm)
+    assert wr.cpu_physical.tolist() == [0, 2, 5]
+    x, ids, w = _routing(15)
+    ref = moe_reference(x.float(), torch.where(mask[ids.long()], -1, perm[ids.long()]), w,
+                        gate_up.float(), down.float())
+    assert _rel(wr.forward(x, ids, w), ref) <= FORMAT_TOLERANCE["bf16"]
+
+
+def test_load_weights_from_tensors_both_forms(tmp_path):
+    gate_up, down = _experts()
+    gate, up = gate_up[:, :I], gate_up[:, I:]
+    all_e = _wrapper(str(tmp_path))
+    all_e.load_weights_from_tensors(gate, up, down, torch.arange(E))
+    cpu_only = _wrapper(str(tmp_path))
+    cpu_only.load_weights_from_tensors(gate[2:], up[2:], down[2:])
+    x, ids, w = _routing(8)
+    assert torch.equal(all_e.forward(x, ids, w), cpu_only.forward(x, ids, w))
+    with pytest.raises(ValueError, match="gate_proj has 3 experts"):
+        _wrapper(str(tmp_path)).load_weights_from_tensors(gate[:3], up[:3], down[:3])
+
+
+def test_mmap_dir_from_environment_and_static_methods(tmp_path, monkeypatch):
+    gate_up, down = _experts()
+    path = _write(tmp_path / "ckpt", "qwen", gate_up, down)
+    monkeypatch.setenv(MMAP_DIR_ENV, str(tmp_path / "experts"))
+    wr = _wrapper(path, unknown_future_kwarg=1)  # unknown keywords are ignored
+    wr.load_weights(torch.arange(E))
+    assert wr.moe.file_backed_bytes == wr.moe.packed_bytes > 0
+    assert _wrapper(path, mmap_experts_dir=None).mmap_experts_dir == str(tmp_path / "experts")
+    KTMoEWrapper.set_capture_batch_sizes([1, 2, 4])
+    assert KTMoEWrapper.get_capture_batch_sizes() == [1, 2, 4]
+    KTMoEWrapper.clear_buffer_cache()
+    assert KTMoEWrapper._buffer_cache == {}
+
+
+def test_bad_input_gets_clear_errors(tmp_path):
+    gate_up, down = _experts()
+    path = _write(tmp_path / "ckpt", "qwen", gate_up, down)
+    for m in ("FP8", "GPTQ", "LLAMAFILE"):
+        with pytest.raises(ValueError, match=f"method '{m}' is not supported.*supported methods"):
+            _wrapper(path, method=m)
+    with pytest.raises(ValueError, match="weight_path is None"):
+        _wrapper(None)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        _wrapper(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match=r"num_gpu_experts=6 must be in \[0, num_experts=6\)"):
+        _wrapper(path, num_gpu_experts=E)
+    with pytest.raises(ValueError, match="every one of the 6 experts is on the GPU"):
+        _wrapper(path, num_gpu_experts=None, gpu_experts_mask=torch.ones(E, dtype=torch.bool))
+    with pytest.raises(ValueError, match="disagrees with gpu_experts_mask"):
+        _wrapper(path, num_gpu_experts=1, gpu_experts_mask=torch.arange(E) < 2)
+    with pytest.raises(KeyError, match="no experts of layer 3"):
+        _wrapper(_write(tmp_path / "other", "qwen", gate_up, down, layer=0)).load_weights(torch.arange(E))
+    with pytest.raises(ValueError, match="pre-converted"):
+        _wrapper(_write(tmp_path / "amx", "kt-amx", gate_up, down), method="AMXINT4").load_weights(torch.arange(E))
+    with pytest.raises(ValueError, match="expected \\[16, 64\\]"):
+        KTMoEWrapper(L, E, K, H, 16, 2, None, 1, path, 64, method="BF16").load_weights(torch.arange(E))
+    wr = _wrapper(path)
+    x, ids, w = _routing(4)
+    with pytest.raises(RuntimeError, match="call load_weights"):
+        wr.submit_forward(x, ids, w, 0)
+    wr.load_weights(torch.arange(E))
+    with pytest.raises(ValueError, match="expert id 6 >= num_experts=6"):
+        wr.forward(x, torch.full_like(ids, E), w)
+    with pytest.raises(RuntimeError, match="without submit_forward"):
+        wr.sync_forward(x)
+    wr.submit_forward(x, ids, w)
+    with pytest.raises(RuntimeError, match="called again before sync_forward"):
+        wr.submit_forward(x, ids, w)
+    assert wr.sync_forward(x).shape == x.shape  # the first submit is intact
+
+
+def test_torch_version_check_names_both_versions():
+    built = _native.built_torch_version()
+    assert built is not None and built.split("+")[0] == torch.__version__.split("+")[0]
+    _native.check_torch_version("2.13.0+cpu", "2.13.0")  # local suffixes share the ABI
+    _native.check_torch_version(None, "2.14.1")  # unknown (older build): the import itself decides
+    with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.14\.1\+cu130 is running"):
+        _native.check_torch_version("2.13.0", "2.14.1+cu130")

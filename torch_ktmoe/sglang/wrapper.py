@@ -1,0 +1,285 @@
+"""KTMoEWrapper: the CPU experts of sglang's KTransformers path, run by torch_ktmoe.
+
+sglang 0.5.23's ``KTEPWrapperMethod`` (``sglang/srt/layers/moe/kt_ep_wrapper.py``)
+drives it unchanged, as it drives ``kt_kernel.KTMoEWrapper``:
+
+* ``KTMoEWrapper(layer_idx, num_experts, num_experts_per_tok, hidden_size,
+  moe_intermediate_size, num_gpu_experts, cpuinfer_threads, threadpool_count,
+  weight_path, chunked_prefill_size, method=..., ...)`` in ``create_weights``;
+* ``load_weights(physical_to_logical_map)`` after sglang loaded the GPU experts;
+* per forward ``submit_forward(x, topk_ids, topk_weights, cuda_stream)``, then the
+  GPU experts (sglang masks ``topk_ids`` in place and may overwrite ``x``), then
+  ``sync_forward(x, cuda_stream)`` whose result sglang adds to the GPU output.
+
+Experts ``[0, G)`` (or those set in ``gpu_experts_mask``) live on the GPU; only the
+others are packed, into one :class:`torch_ktmoe.KTMoE` of ``E_cpu`` experts.
+``topk_ids`` are mapped to CPU slots through a table (GPU experts -> -1, skipped).
+The CPU forward runs on one worker thread; ``torch.ops.ktmoe.moe_forward``
+releases the GIL, so the caller's GPU work overlaps it.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import List, Optional, Sequence
+
+import torch
+
+from .. import cache as _cache
+from ..layer import KTMoE
+from .checkpoint import CheckpointLayer, check_weight_path
+
+log = logging.getLogger("torch_ktmoe.sglang")
+
+MMAP_DIR_ENV = "KTMOE_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (set by --kt-mmap-experts-dir)
+
+# kt-kernel / sglang --kt-method names -> our weight formats
+METHOD_FORMATS = {
+    "BF16": "bf16",
+    "INT8": "int8", "AMXINT8": "int8", "MOE_INT8": "int8",
+    "INT4": "int4", "AMXINT4": "int4", "RAWINT4": "int4", "MOE_INT4": "int4",
+}
+
+
+def weight_format_of(method: str) -> str:
+    """``--kt-method`` -> ``"bf16" | "int8" | "int4"``; ValueError naming it and the supported ones."""
+    fmt = METHOD_FORMATS.get(str(method).upper())
+    if fmt is None:
+        raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8 and "
+                         f"int4 from bf16/fp32 safetensors; FP8, GPTQ and kt-kernel's pre-converted AMX files are "
+                         f"not read); supported methods: {sorted(METHOD_FORMATS)}")
+    return fmt
+
+
+def _gpu_mask(num_experts: int, num_gpu_experts, gpu_experts_mask) -> torch.Tensor:
+    """bool [E]: True for the experts that run on the GPU."""
+    if gpu_experts_mask is not None:
+        mask = torch.as_tensor(gpu_experts_mask).detach().to("cpu", torch.bool).reshape(-1)
+        if mask.numel() != num_experts:
+            raise ValueError(f"KTMoEWrapper: gpu_experts_mask has {mask.numel()} entries, expected num_experts="
+                             f"{num_experts}")
+        if num_gpu_experts is not None and int(num_gpu_experts) != int(mask.sum()):
+            raise ValueError(f"KTMoEWrapper: num_gpu_experts={num_gpu_experts} disagrees with gpu_experts_mask "
+                             f"({int(mask.sum())} experts set)")
+    else:
+        g = 0 if num_gpu_experts is None else int(num_gpu_experts)
+        if not 0 <= g < num_experts:
+            raise ValueError(f"KTMoEWrapper: num_gpu_experts={g} must be in [0, num_experts={num_experts}): "
+                             "the CPU must hold at least one expert")
+        mask = torch.arange(num_experts) < g
+    if bool(mask.all()):
+        raise ValueError(f"KTMoEWrapper: every one of the {num_experts} experts is on the GPU; nothing to run on CPU")
+    return mask
+
+
+class KTMoEWrapper:
+    """CPU experts of one sglang MoE layer (see the module docstring for the call sequence).
+
+    Args (kt-kernel's names): ``num_experts`` E (physical ids), ``num_experts_per_tok``
+    k, ``hidden_size`` H, ``moe_intermediate_size`` I; ``num_gpu_experts`` G (experts
+    ``[0, G)`` on the GPU) or ``gpu_experts_mask`` (bool [E]); ``weight_path`` the
+    safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
+    ``mmap_experts_dir`` keeps the packed experts in files there (default:
+    ``$KTMOE_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; with it, the packed
+    cache is reused across restarts). Threads come from ATen's pool
+    (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
+    ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
+    any unknown keyword) are accepted and not used.
+    """
+
+    _capture_batch_sizes: List[int] = []
+    _buffer_cache: dict = {}  # (shape, dtype) -> pinned host tensor for device -> CPU copies
+    _executor: Optional[ThreadPoolExecutor] = None
+    _executor_lock = threading.Lock()
+
+    def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
+                 moe_intermediate_size: int, num_gpu_experts: Optional[int] = None,
+                 cpuinfer_threads: Optional[int] = None, threadpool_count: int = 1,
+                 weight_path: Optional[str] = None, chunked_prefill_size: Optional[int] = None,
+                 method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
+                 cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
+                 **unused):
+        if unused:
+            log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
+        if max_deferred_experts_per_token:
+            log.debug("KTMoEWrapper(layer %d): max_deferred_experts_per_token=%s is not implemented; every CPU "
+                      "expert is computed in the same forward", layer_idx, max_deferred_experts_per_token)
+        self.layer_idx, self.num_experts, self.top_k = int(layer_idx), int(num_experts), int(num_experts_per_tok)
+        self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
+        self.method, self.weight_format = method, weight_format_of(method)
+        self.gpu_mask = _gpu_mask(self.num_experts, num_gpu_experts, gpu_experts_mask)
+        self.cpu_physical = torch.nonzero(~self.gpu_mask).reshape(-1)  # CPU slot j holds physical expert cpu_physical[j]
+        self.num_cpu_experts = int(self.cpu_physical.numel())
+        # physical id -> CPU slot (-1: GPU expert); one extra entry maps id -1 to -1
+        table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
+        table[self.cpu_physical] = torch.arange(self.num_cpu_experts, dtype=torch.int32)
+        self._id_table = table
+        self.weight_path = weight_path
+        check_weight_path(weight_path)
+        mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV) or None
+        self.mmap_experts_dir = os.fspath(mmap_dir) if mmap_dir is not None else None
+        self.moe: Optional[KTMoE] = None
+        self._pending: Optional[Future] = None
+        log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
+                 self.weight_format, self.num_cpu_experts, self.num_experts,
+                 f"file-backed in {self.mmap_experts_dir}" if self.mmap_experts_dir else "anonymous memory")
+
+    # ---------------------------------------------------------------- loading
+    def _logical_ids(self, physical_to_logical_map) -> List[int]:
+        if physical_to_logical_map is None:
+            return self.cpu_physical.tolist()
+        p2l = torch.as_tensor(physical_to_logical_map).detach().to("cpu").reshape(-1)
+        if p2l.numel() < self.num_experts:
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): physical_to_logical_map has {p2l.numel()} "
+                             f"entries, fewer than num_experts={self.num_experts}")
+        return p2l[self.cpu_physical].tolist()
+
+    def _new_moe(self) -> KTMoE:
+        if self.mmap_experts_dir is not None:
+            os.makedirs(self.mmap_experts_dir, exist_ok=True)
+        return KTMoE(self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size,
+                     weight_format=self.weight_format, mmap_experts_dir=self.mmap_experts_dir,
+                     layer_idx=self.layer_idx)
+
+    def load_weights(self, physical_to_logical_map=None) -> None:
+        """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.
+
+        ``physical_to_logical_map`` [>= E] (sglang's expert-location metadata for
+        this layer): CPU slot j holds logical expert ``map[cpu_physical[j]]``.
+        With ``mmap_experts_dir`` a valid packed cache is mapped instead.
+        """
+        ids = self._logical_ids(physical_to_logical_map)
+        moe = self._new_moe()
+        src = CheckpointLayer(self.weight_path, self.layer_idx, self.hidden_size, self.intermediate_size)
+        try:
+            source = _cache.checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
+            experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
+            fingerprint = _cache.layer_fingerprint(source, f"experts:{experts}")
+            if not moe.try_load_cached(fingerprint):
+                with torch.no_grad():
+                    for j, (gate_up, down) in enumerate(src.experts(ids)):
+                        moe.load_expert(j, _dense(gate_up), _dense(down), fingerprint=fingerprint)
+        finally:
+            src.close()
+        self.moe = moe
+
+    def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
+                                  physical_to_logical_map=None) -> None:
+        """Pack from tensors: gate/up [N, I, H], down [N, H, I] with N = E (logical ids, the CPU
+        experts are picked through ``physical_to_logical_map``) or N = E_cpu (already the CPU
+        experts, in slot order)."""
+        n = gate_proj.shape[0]
+        if n == self.num_cpu_experts and n != self.num_experts:
+            sel = slice(None)
+        elif n >= self.num_experts:
+            sel = torch.tensor(self._logical_ids(physical_to_logical_map), dtype=torch.long)
+        else:
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): gate_proj has {n} experts; expected "
+                             f"num_experts={self.num_experts} or the {self.num_cpu_experts} CPU experts")
+        moe = self._new_moe()
+        with torch.no_grad():
+            moe.load_weights_separate(_dense(gate_proj[sel]), _dense(up_proj[sel]), _dense(down_proj[sel]))
+        self.moe = moe
+
+    # ---------------------------------------------------------------- forward
+    def submit_forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       cuda_stream=None) -> None:
+        """Start the CPU experts on ``hidden_states`` [T, H], ``topk_ids`` [T, k] (physical ids),
+        ``topk_weights`` [T, k]. The inputs are copied before this returns (sglang masks
+        ``topk_ids`` in place next and may overwrite ``hidden_states``)."""
+        if self.moe is None:
+            raise RuntimeError(f"KTMoEWrapper(layer {self.layer_idx}): call load_weights() before submit_forward()")
+        if self._pending is not None:
+            raise RuntimeError(f"KTMoEWrapper(layer {self.layer_idx}): submit_forward() called again before "
+                               "sync_forward()")
+        x, ids, weights, ready = self._copy_inputs(hidden_states, topk_ids, topk_weights)
+        self._pending = self._worker().submit(self._run, x, ids, weights, ready)
+
+    def sync_forward(self, hidden_states: torch.Tensor, cuda_stream=None) -> torch.Tensor:
+        """Wait for the submitted forward: [T, H] on ``hidden_states``' device, in its dtype,
+        not multiplied by ``routed_scaling_factor`` (the model applies it)."""
+        if self._pending is None:
+            raise RuntimeError(f"KTMoEWrapper(layer {self.layer_idx}): sync_forward() without submit_forward()")
+        pending, self._pending = self._pending, None
+        out = pending.result()
+        return out.to(device=hidden_states.device, dtype=hidden_states.dtype, non_blocking=False)
+
+    def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                cuda_stream=None) -> torch.Tensor:
+        """``submit_forward`` then ``sync_forward``."""
+        self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self.sync_forward(hidden_states, cuda_stream)
+
+    def _copy_inputs(self, hidden_states, topk_ids, topk_weights):
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): hidden_states must be [T, "
+                             f"{self.hidden_size}], got {tuple(hidden_states.shape)}")
+        T = hidden_states.shape[0]
+        if topk_ids.shape[0] != T or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): topk_ids {tuple(topk_ids.shape)} and "
+                             f"topk_weights {tuple(topk_weights.shape)} must both be [T={T}, k]")
+        dtype = hidden_states.dtype if hidden_states.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        ready = None
+        if hidden_states.device.type == "cpu":
+            x = hidden_states.detach().to(dtype, copy=True)
+        else:  # device -> pinned host, ordered on the current stream before sglang's in-place writes
+            x = self._host_buffer(hidden_states.shape, hidden_states.dtype)
+            x.copy_(hidden_states.detach(), non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        ids = topk_ids.detach().to("cpu", torch.int64)  # a copy (sync for a device tensor)
+        if T and (int(ids.max()) >= self.num_experts):
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): expert id {int(ids.max())} >= num_experts="
+                             f"{self.num_experts}")
+        slots = self._id_table[ids.clamp(min=-1)]  # id -1 reads the table's last entry, -1
+        weights = topk_weights.detach().to("cpu", torch.float32, copy=True)
+        return x, slots, weights, ready
+
+    @classmethod
+    def _host_buffer(cls, shape, dtype) -> torch.Tensor:
+        key = (tuple(shape), dtype)
+        buf = cls._buffer_cache.get(key)
+        if buf is None:
+            buf = torch.empty(shape, dtype=dtype, pin_memory=True)
+            cls._buffer_cache[key] = buf
+        return buf
+
+    def _run(self, x, ids, weights, ready):
+        if ready is not None:
+            ready.synchronize()
+            x = x.to(torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32)
+        with torch.no_grad():
+            return self.moe(x, ids, weights)
+
+    @classmethod
+    def _worker(cls) -> ThreadPoolExecutor:
+        with cls._executor_lock:
+            if cls._executor is None:
+                cls._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ktmoe-cpu-experts")
+            return cls._executor
+
+    # ---------------------------------------------------------------- kt-kernel's static helpers
+    @staticmethod
+    def set_capture_batch_sizes(capture_bs: Sequence[int]) -> None:
+        """The CUDA-graph capture batch sizes sglang will use (kept; the CPU path needs no per-size buffers)."""
+        KTMoEWrapper._capture_batch_sizes = [int(b) for b in capture_bs]
+
+    @staticmethod
+    def get_capture_batch_sizes() -> List[int]:
+        return list(KTMoEWrapper._capture_batch_sizes)
+
+    @staticmethod
+    def clear_buffer_cache() -> None:
+        """Frees the pinned host staging buffers of device inputs."""
+        KTMoEWrapper._buffer_cache.clear()
+
+    def __repr__(self) -> str:
+        return (f"KTMoEWrapper(layer={self.layer_idx}, method={self.method!r} -> {self.weight_format}, "
+                f"cpu_experts={self.num_cpu_experts}/{self.num_experts}, moe={self.moe!r})")
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype in (torch.bfloat16, torch.float32) else t.float()
