@@ -4,7 +4,7 @@ PYTHON ?= python3
 PIP    ?= $(PYTHON) -m pip
 STAMP  := build/.deps-stamp
 
-.PHONY: deps build demo test bench peers install clean
+.PHONY: deps build demo test test-sglang bench peers install clean
 
 $(STAMP): requirements.txt
 	$(PIP) install -q -r requirements.txt
@@ -19,7 +19,26 @@ demo: build
 	$(PYTHON) -m torch_ktmoe demo
 
 test: build
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q tests --ignore=tests/integration
+
+# sglang drop-in: its own venv (sglang 0.5.23 + its torch 2.14.1, requirements-sglang.txt),
+# the project pip-installed there (built against that torch, objects in
+# build/temp-torch-<version>), then tests/integration. -P, --import-mode=importlib and
+# --confcutdir keep the in-tree package (built against this machine's torch) off sys.path.
+SGL_VENV  := build/sglang-venv
+SGL_PY    := $(SGL_VENV)/bin/python
+SGL_STAMP := $(SGL_VENV)/.deps-stamp
+
+$(SGL_STAMP): requirements-sglang.txt
+	$(PYTHON) -m venv $(SGL_VENV)
+	$(SGL_PY) -m pip install -q -r requirements-sglang.txt
+	$(SGL_PY) -m pip install -q --no-deps sglang==0.5.23
+	touch $@
+
+test-sglang: $(SGL_STAMP)
+	$(SGL_PY) -m pip install -q --no-build-isolation --no-deps .
+	TORCHDYNAMO_DISABLE=1 $(SGL_PY) -P -m pytest -q -p no:cacheprovider --import-mode=importlib \
+		--confcutdir=tests/integration tests/integration
 
 bench: build
 	$(PYTHON) -m benchmarks.bench_moe

@@ -9,11 +9,12 @@ Two kinds of sources:
   BuildExtension (ninja) and linked with the objects above.
 Objects are rebuilt only when a source or a header it includes changed.
 
-Each torch version gets its own object directory (build/temp-torch-<version>), so a
-build against another torch (e.g. sglang's, `make test-sglang`) never links objects
-compiled against this one. The torch version is written next to the built module
-(torch_ktmoe/_C.torch-version); torch_ktmoe/_native.py compares it with the running
-torch before it imports the extension.
+Each torch version gets its own directory for the ATen objects
+(build/temp-torch-<version>), so a build against another torch (e.g. sglang's,
+`make test-sglang`) never links objects compiled against this one; the torch-free
+objects (build/torch_free) include no torch header and are shared. The torch version
+is written next to the built module (torch_ktmoe/_C.torch-version);
+torch_ktmoe/_native.py compares it with the running torch before importing it.
 """
 import json
 import os
@@ -108,7 +109,7 @@ class BuildExt(BuildExtension):
                            str(Path(inplace_file).with_name(TORCH_VERSION_FILE)))
 
     def build_extensions(self):
-        objects = build_torch_free_objects(Path(self.build_temp) / "torch_free", jobs=os.cpu_count() or 2)
+        objects = build_torch_free_objects(ROOT / "build" / "torch_free", jobs=os.cpu_count() or 2)
         headers = [str(p) for p in CSRC.rglob("*.h")]
         for ext in self.extensions:
             ext.extra_objects = objects + list(ext.extra_objects or [])

@@ -192,3 +192,14 @@ def test_torch_version_check_names_both_versions():
     _native.check_torch_version(None, "2.14.1")  # unknown (older build): the import itself decides
     with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.14\.1\+cu130 is running"):
         _native.check_torch_version("2.13.0", "2.14.1+cu130")
+
+
+def test_launcher_takes_the_flag_off_the_command_line():
+    from torch_ktmoe.sglang.__main__ import split_flag
+
+    argv = ["--model-path", "m", "--kt-mmap-experts-dir", "/nvme/x", "--port", "1"]
+    assert split_flag(argv) == (["--model-path", "m", "--port", "1"], "/nvme/x")
+    assert split_flag(["--kt-mmap-experts-dir=/d", "--tp", "1"]) == (["--tp", "1"], "/d")
+    assert split_flag(["--model-path", "m"]) == (["--model-path", "m"], None)
+    with pytest.raises(SystemExit, match="needs a directory"):
+        split_flag(["--kt-mmap-experts-dir"])
