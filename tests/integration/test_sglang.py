@@ -394,3 +394,22 @@ def test_launcher_reaches_sglangs_parser(tmp_path):
                           "--help"], capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "--kt-weight-path" in res.stdout and "--kt-mmap-experts-dir" in res.stdout
+
+
+def test_in_tree_build_for_another_torch_gives_a_clear_message():
+    """The in-tree module of `make build` (this machine's torch) imported under sglang's torch."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    stamp = os.path.join(root, "torch_ktmoe", "_C.torch-version")
+    if not os.path.exists(stamp):
+        pytest.skip("no in-tree build (make build) to import")
+    built = open(stamp).read().strip()
+    if built == torch.__version__:
+        pytest.skip("the in-tree build is for this torch")
+    res = subprocess.run([sys.executable, "-P", "-c", "import torch_ktmoe"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=root))
+    assert res.returncode != 0
+    assert f"built against torch {built}, but torch {torch.__version__} is running" in res.stderr, res.stderr[-1500:]
+    assert "undefined symbol" not in res.stderr
