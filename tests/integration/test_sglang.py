@@ -62,6 +62,25 @@ def test_plugin_installed_our_wrapper():
     assert kt_ep_wrapper.KTRANSFORMERS_AVAILABLE
 
 
+def test_plugin_never_shadows_a_real_kt_kernel_silently(tmp_path, monkeypatch, caplog):
+    from torch_ktmoe.sglang import plugin
+
+    (tmp_path / "kt_kernel").mkdir()
+    (tmp_path / "kt_kernel" / "__init__.py").write_text("class KTMoEWrapper: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kt_ep_wrapper, "KTMoEWrapper", "kt_kernel's", raising=False)
+    monkeypatch.delenv(plugin.FORCE_ENV, raising=False)
+    with caplog.at_level("WARNING", logger="torch_ktmoe.sglang"):
+        assert plugin.install_wrapper() == "kt_kernel"
+    assert kt_ep_wrapper.KTMoEWrapper == "kt_kernel's"
+    assert "kt_kernel is installed and is used" in caplog.text
+    monkeypatch.setenv(plugin.FORCE_ENV, "force")
+    with caplog.at_level("WARNING", logger="torch_ktmoe.sglang"):
+        assert plugin.install_wrapper() == "torch_ktmoe"
+    assert kt_ep_wrapper.KTMoEWrapper is ktsgl.KTMoEWrapper
+    assert "forced over the installed kt_kernel" in caplog.text
+
+
 # ------------------------------------------------------------------ checkpoints
 def _save_qwen(path):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
