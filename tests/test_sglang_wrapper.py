@@ -139,12 +139,30 @@ def test_mmap_dir_from_environment_and_static_methods(tmp_path, monkeypatch):
     monkeypatch.setenv(MMAP_DIR_ENV, str(tmp_path / "experts"))
     wr = _wrapper(path, unknown_future_kwarg=1)  # unknown keywords are ignored
     wr.load_weights(torch.arange(E))
-    assert wr.moe.file_backed_bytes == wr.moe.packed_bytes > 0
+    assert wr.moe.file_backed_bytes == wr.moe.packed_bytes > 0 and not wr.moe.cache_hit
+    again = _wrapper(path)  # a restart: the packed cache is mapped, not packed again
+    again.load_weights(torch.arange(E))
+    assert again.moe.cache_hit
+    x, ids, w = _routing(5)
+    assert torch.equal(again.forward(x, ids, w), wr.forward(x, ids, w))
+    # the same number of CPU experts, but other ones: another fingerprint, packed again
+    other_split = _wrapper(path, num_gpu_experts=None, gpu_experts_mask=torch.arange(E) >= E - 2)
+    other_split.load_weights(torch.arange(E))
+    assert not other_split.moe.cache_hit
+    assert torch.equal(other_split.forward(x, ids, w), _wrapper_forward_reference(path, x, ids, w))
     assert _wrapper(path, mmap_experts_dir=None).mmap_experts_dir == str(tmp_path / "experts")
     KTMoEWrapper.set_capture_batch_sizes([1, 2, 4])
     assert KTMoEWrapper.get_capture_batch_sizes() == [1, 2, 4]
     KTMoEWrapper.clear_buffer_cache()
     assert KTMoEWrapper._buffer_cache == {}
+
+
+def _wrapper_forward_reference(path, x, ids, w):
+    """The experts [0, E-2) of the checkpoint, packed without a directory."""
+    anon = _wrapper(path, num_gpu_experts=None, gpu_experts_mask=torch.arange(E) >= E - 2, mmap_experts_dir="")
+    anon.load_weights(torch.arange(E))
+    assert anon.mmap_experts_dir is None
+    return anon.forward(x, ids, w)
 
 
 def test_bad_input_gets_clear_errors(tmp_path):

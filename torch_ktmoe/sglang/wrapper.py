@@ -83,8 +83,8 @@ class KTMoEWrapper:
     ``[0, G)`` on the GPU) or ``gpu_experts_mask`` (bool [E]); ``weight_path`` the
     safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
     ``mmap_experts_dir`` keeps the packed experts in files there (default:
-    ``$KTMOE_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; with it, the packed
-    cache is reused across restarts). Threads come from ATen's pool
+    ``$KTMOE_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
+    with a directory, the packed cache is reused across restarts). Threads come from ATen's pool
     (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
     ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
     any unknown keyword) are accepted and not used.
@@ -119,8 +119,8 @@ class KTMoEWrapper:
         self._id_table = table
         self.weight_path = weight_path
         check_weight_path(weight_path)
-        mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV) or None
-        self.mmap_experts_dir = os.fspath(mmap_dir) if mmap_dir is not None else None
+        mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV)
+        self.mmap_experts_dir = os.fspath(mmap_dir) if mmap_dir else None  # "": anonymous, whatever the env says
         self.moe: Optional[KTMoE] = None
         self._pending: Optional[Future] = None
         log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
