@@ -179,7 +179,7 @@ def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmo
 
 def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
     E, H, I = experts_dims(block.module)
-    return KTMoEExperts(
+    adapter = KTMoEExperts(
         ktmoe,
         num_experts=E,
         hidden_dim=H,
@@ -188,6 +188,8 @@ def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
         layer_idx=block.layer_idx,
         replaced_class=block.class_name,
     )
+    adapter.dense_dtype = block.module.gate_up_proj.dtype
+    return adapter
 
 
 def _mark_config(model: nn.Module) -> None:

@@ -38,6 +38,8 @@ which the KTMoE kernels compute.
 from __future__ import annotations
 
 import itertools
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +55,9 @@ __all__ = [
     "ktmoe_experts_forward",
     "register_experts_implementation",
     "configure_experts_implementation",
+    "implementation_options",
+    "dense_experts",
+    "ENV_OPTIONS",
 ]
 
 # Experts classes of transformers 5.x validated against the KTMoE semantics
@@ -174,7 +179,9 @@ class KTMoEExperts(nn.Module):
         self.top_k = top_k
         self.layer_idx = layer_idx
         self.replaced_class = replaced_class
+        self.dense_dtype: torch.dtype | None = None  # dtype of the replaced parameters (state_dict writes it)
         self.ktmoe = ktmoe
+        self.register_state_dict_post_hook(_dense_state_dict_hook)
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -191,22 +198,93 @@ class KTMoEExperts(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# state_dict / save_pretrained: the dense weights, unpacked on demand
+# ---------------------------------------------------------------------------------------------
+
+
+def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_proj [E, 2I, H], down_proj [E, H, I]) of a loaded KTMoE, unpacked.
+
+    bf16 experts come back exactly; int8 / int4 are dequantized (what the kernels
+    multiply, not the original weights) with a warning. ``dtype`` casts the result.
+    """
+    from ..unpack import unpack_experts
+
+    gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
+    if fmt != "bf16":
+        warnings.warn(
+            f"torch_ktmoe: writing {fmt} experts as dense weights: they are the dequantized {fmt} values, "
+            "not the original checkpoint's (a reload computes what the patched model computed)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if dtype is not None:
+        gate_up, down = gate_up.to(dtype), down.to(dtype)
+    return gate_up, down
+
+
+def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
+    # save_pretrained / state_dict() of a patched model: the replaced block's own keys, so the checkpoint
+    # reloads into the unpatched class (bf16 exact, int8/int4 dequantized with a warning).
+    ktm = module.ktmoe
+    if ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
+        return
+    gate_up, down = dense_experts(ktm, module.dense_dtype)
+    state_dict[prefix + "gate_up_proj"] = gate_up
+    state_dict[prefix + "down_proj"] = down
+
+
+# ---------------------------------------------------------------------------------------------
 # experts implementation "ktmoe"
 # ---------------------------------------------------------------------------------------------
 
-_IMPL_OPTIONS: dict = {"weight_format": "bf16", "mmap_experts_dir": None}
+_IMPL_OPTIONS: dict = {}  # set by configure_experts_implementation; else the KTMOE_* environment variables
 _IMPL_LAYER_IDS = itertools.count()
+ENV_OPTIONS = {  # environment variable -> KTMoE option, for the "ktmoe" experts implementation
+    "KTMOE_WEIGHT_FORMAT": "weight_format",
+    "KTMOE_MMAP_EXPERTS_DIR": "mmap_experts_dir",
+    "KTMOE_CACHE": "cache",
+    "KTMOE_KEEP_DENSE": "keep_dense",
+}
 
 
-def configure_experts_implementation(*, weight_format: str = "bf16", mmap_experts_dir=None, **ktmoe_kwargs) -> None:
-    """KTMoE constructor options used by the ``"ktmoe"`` experts implementation for modules packed from now on."""
+def configure_experts_implementation(*, weight_format: str = "bf16", mmap_experts_dir=None, keep_dense: bool = False,
+                                     **ktmoe_kwargs) -> None:
+    """KTMoE options of the ``"ktmoe"`` experts implementation, for modules packed from now on.
+
+    Overrides the environment variables (``KTMOE_WEIGHT_FORMAT``, ``KTMOE_MMAP_EXPERTS_DIR``,
+    ``KTMOE_CACHE``, ``KTMOE_KEEP_DENSE=1``). ``keep_dense=True`` keeps the dense parameters
+    after packing (so the model can switch back to ``"eager"``), at the cost of both copies.
+    """
     _IMPL_OPTIONS.clear()
-    _IMPL_OPTIONS.update(weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, **ktmoe_kwargs)
+    _IMPL_OPTIONS.update(weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, keep_dense=keep_dense,
+                         **ktmoe_kwargs)
+
+
+def implementation_options() -> dict:
+    """The options the next ``"ktmoe"`` packing uses: configure_experts_implementation's, else the environment's."""
+    if _IMPL_OPTIONS:
+        return dict(_IMPL_OPTIONS)
+    opts = {"weight_format": "bf16", "mmap_experts_dir": None, "keep_dense": False}
+    for var, key in ENV_OPTIONS.items():
+        value = os.environ.get(var)
+        if value:
+            opts[key] = value.strip().lower() in ("1", "true", "yes") if key == "keep_dense" else value
+    return opts
 
 
 @dataclass
 class _Packed:
     ktmoe: nn.Module
+
+
+def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
+    # the dense parameters were released after packing: state_dict / save_pretrained unpack them again
+    packed = module.__dict__.get("_ktmoe_packed")
+    if packed is not None and module.gate_up_proj.numel() == 0:
+        gate_up, down = dense_experts(packed.ktmoe, module.gate_up_proj.dtype)
+        state_dict[prefix + "gate_up_proj"] = gate_up
+        state_dict[prefix + "down_proj"] = down
 
 
 @torch.compiler.disable
@@ -216,10 +294,21 @@ def _pack_experts_module(module: nn.Module) -> nn.Module:
     if reason is not None:
         raise UnsupportedExpertsError(f'experts_implementation="ktmoe": {reason}')
     E, H, I = experts_dims(module)
-    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS), **_IMPL_OPTIONS)
+    opts = implementation_options()
+    keep_dense = opts.pop("keep_dense")
+    if opts.get("mmap_experts_dir"):
+        os.makedirs(opts["mmap_experts_dir"], exist_ok=True)
+    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS), **opts)
     ktm.load_weights(module.gate_up_proj.detach(), module.down_proj.detach())
     # kept in __dict__, not as a submodule: not in state_dict(), not touched by .to()/save_pretrained
     module.__dict__["_ktmoe_packed"] = _Packed(ktm)
+    if not keep_dense:  # the packed copy replaces the dense one; state_dict() unpacks on demand
+        for p in (module.gate_up_proj, module.down_proj):
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        module.register_state_dict_post_hook(_freed_state_dict_hook)
+        from ..memory import release_free_heap
+
+        release_free_heap()
     return ktm
 
 
@@ -228,11 +317,17 @@ def ktmoe_experts_forward(
 ) -> torch.Tensor:
     """``ExpertsInterface`` entry ``"ktmoe"``: packs ``self``'s dense weights on the first call, then runs KTMoE.
 
-    The dense parameters stay (so the model can switch back to ``"eager"``/``"grouped_mm"``);
-    the packed copy is not refreshed if they change afterwards -- delete
-    ``module.__dict__["_ktmoe_packed"]`` to repack.
+    After packing, the dense parameters are released (their ``.data`` becomes empty;
+    ``state_dict()``/``save_pretrained`` unpack the experts again), so the model ends
+    with one, packed copy of its experts. Options: :func:`configure_experts_implementation`
+    or the ``KTMOE_*`` environment variables (:data:`ENV_OPTIONS`); with
+    ``keep_dense`` the dense parameters stay (the model can switch back to
+    ``"eager"``/``"grouped_mm"``) and the packed copy is not refreshed if they change
+    -- delete ``module.__dict__["_ktmoe_packed"]`` to repack.
     """
     packed = self.__dict__.get("_ktmoe_packed")
+    if packed is None and self.gate_up_proj.numel() == 0:
+        raise RuntimeError(f"{type(self).__name__}: its dense experts were released and it has no packed copy")
     ktm = packed.ktmoe if packed is not None else _pack_experts_module(self)
     return ktm(hidden_states, top_k_index, top_k_weights.to(torch.float32))
 
