@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from . import hf_packed
 from .cache import checkpoint_fingerprint, layer_fingerprint
 from .memory import release_free_heap
 from .integrations.transformers_experts import (
@@ -69,6 +70,7 @@ from .integrations.transformers_experts import (
 __all__ = [
     "patch_model",
     "from_pretrained",
+    "save_packed",
     "find_experts_blocks",
     "PatchReport",
     "RefusedBlock",
@@ -413,6 +415,35 @@ def _before_and_after_weight_loading(before, after):
             PreTrainedModel._load_pretrained_model = original
 
 
+def _map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report) -> None:
+    """from_pretrained of a packed model directory: every experts layer mapped from its files."""
+    missing = [b.name for b, *_ in entries if b.name not in by_module]
+    if missing or len(entries) != len(by_module):
+        raise hf_packed.PackedDirError(
+            f"from_pretrained({path}): the model's experts blocks and {hf_packed.MANIFEST} disagree "
+            f"(not in the manifest: {missing}; manifest: {sorted(by_module)})"
+        )
+    for b, E, H, I, adapter in entries:
+        entry = by_module[b.name]
+        if (entry["num_experts"], entry["hidden_size"], entry["intermediate_size"], entry["top_k"]) != (E, H, I, adapter.top_k):
+            raise hf_packed.PackedDirError(
+                f"from_pretrained({path}): {b.name}: the config says E, H, I, top_k = {(E, H, I, adapter.top_k)}, "
+                f"the manifest {(entry['num_experts'], entry['hidden_size'], entry['intermediate_size'], entry['top_k'])}"
+            )
+        ktm = hf_packed.load_layer(entry, path, manifest["experts_dir"], ktmoe_kwargs)
+        adapter.ktmoe = ktm
+        adapter.layer_idx = ktm.layer_idx
+        _account(report, b, ktm, 0)
+
+
+def save_packed(model: nn.Module, directory, **kwargs) -> dict:
+    """Write a patched model as a packed model directory (see :mod:`torch_ktmoe.hf_packed`); returns the manifest.
+
+    ``from_pretrained(directory)`` then loads it without the source checkpoint, mapping the experts.
+    """
+    return hf_packed.save_packed(model, directory, **kwargs)
+
+
 def _resolve_dir(path) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -426,7 +457,7 @@ def from_pretrained(
     pretrained_model_name_or_path,
     *,
     mmap_experts_dir: str | os.PathLike | None = None,
-    weight_format: str = "bf16",
+    weight_format: str | None = None,
     dtype=None,
     torch_dtype=None,
     model_class=None,
@@ -450,6 +481,11 @@ def from_pretrained(
     the cache fingerprint of a layer is the checkpoint files' names, sizes and mtimes
     plus the module name and dtype; a layer with valid cache files is mapped and its
     experts are not even read from the safetensors.
+
+    A packed model directory (written by :func:`save_packed`, it holds ``ktmoe_packed.json``)
+    loads without its source checkpoint: every experts layer is mapped read-only from the
+    directory's files, never packed; its format, group size and NUMA parts come from the
+    manifest, so ``weight_format``, ``mmap_experts_dir`` and ``cache`` must not be given.
     """
     if model_class is None:
         from transformers import AutoModelForCausalLM
@@ -463,6 +499,17 @@ def from_pretrained(
         raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
     path = _resolve_dir(pretrained_model_name_or_path)
     ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    packed = hf_packed.is_packed_dir(path)
+    if packed:
+        given = {"weight_format": weight_format, "mmap_experts_dir": mmap_experts_dir, "cache": cache}
+        given = [k for k, v in given.items() if v is not None]
+        if given:
+            raise hf_packed.PackedDirError(
+                f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {hf_packed.MANIFEST})"
+            )
+        manifest = hf_packed.read_manifest(path)
+        by_module = {e["module"]: e for e in manifest["layers"]}
+    weight_format = weight_format or "bf16"
     if cache is not None:
         ktmoe_kwargs["cache"] = cache
     state: dict = {}
@@ -510,6 +557,11 @@ def from_pretrained(
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
     report = PatchReport(refused=list(state["refused"]))
+    if packed:
+        _map_packed_layers(path, manifest, by_module, state["entries"], ktmoe_kwargs, report)
+        model.ktmoe_report = report
+        _mark_config(model)
+        return model
     source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
     ckpt = _Checkpoint(path)
     try:

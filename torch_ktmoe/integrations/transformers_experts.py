@@ -37,6 +37,7 @@ which the KTMoE kernels compute.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import warnings
@@ -223,11 +224,25 @@ def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor
     return gate_up, down
 
 
+_UNPACK = {"enabled": True}
+
+
+@contextlib.contextmanager
+def unpacking_disabled():
+    """Within it, state_dict() of patched modules leaves the experts out (hf.save_packed: non-expert weights)."""
+    before = _UNPACK["enabled"]
+    _UNPACK["enabled"] = False
+    try:
+        yield
+    finally:
+        _UNPACK["enabled"] = before
+
+
 def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
     # save_pretrained / state_dict() of a patched model: the replaced block's own keys, so the checkpoint
     # reloads into the unpatched class (bf16 exact, int8/int4 dequantized with a warning).
     ktm = module.ktmoe
-    if ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
+    if not _UNPACK["enabled"] or ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
         return
     gate_up, down = dense_experts(ktm, module.dense_dtype)
     state_dict[prefix + "gate_up_proj"] = gate_up
@@ -281,7 +296,7 @@ class _Packed:
 def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
     # the dense parameters were released after packing: state_dict / save_pretrained unpack them again
     packed = module.__dict__.get("_ktmoe_packed")
-    if packed is not None and module.gate_up_proj.numel() == 0:
+    if _UNPACK["enabled"] and packed is not None and module.gate_up_proj.numel() == 0:
         gate_up, down = dense_experts(packed.ktmoe, module.gate_up_proj.dtype)
         state_dict[prefix + "gate_up_proj"] = gate_up
         state_dict[prefix + "down_proj"] = down
