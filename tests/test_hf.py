@@ -124,6 +124,15 @@ def greedy(model) -> tuple[torch.Tensor, torch.Tensor]:
     return out.sequences, torch.stack(out.logits, 1)
 
 
+def assert_same_greedy(model, ref_seq, ref_step_logits):
+    """model's greedy tokens equal ref_seq; on failure, report the reference's smallest top-1/top-2 margin."""
+    seq, _ = greedy(model)
+    if not torch.equal(seq, ref_seq):
+        top2 = ref_step_logits.float().topk(2, dim=-1).values
+        margin = (top2[..., 0] - top2[..., 1]).min().item()
+        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+
+
 def dense_expert_bytes(model) -> int:
     return sum(
         p.numel() * p.element_size()
@@ -180,11 +189,7 @@ def test_patch_model_matches_reference(kind):
     assert model.get_experts_implementation()[""] == "ktmoe"
 
     assert_close_logits(logits(model), ref_logits)
-    seq, _ = greedy(model)
-    if not torch.equal(seq, ref_seq):
-        top2 = ref_step_logits.float().topk(2, dim=-1).values
-        margin = (top2[..., 0] - top2[..., 1]).min().item()
-        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+    assert_same_greedy(model, ref_seq, ref_step_logits)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])

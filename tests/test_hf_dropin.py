@@ -19,15 +19,7 @@ import torch_ktmoe  # noqa: E402
 from torch_ktmoe import hf  # noqa: E402
 from torch_ktmoe.ops import InferenceOnlyError  # noqa: E402
 
-from tests.test_hf import KINDS, assert_close_logits, greedy, logits, make_model  # noqa: E402
-
-
-def _same_tokens(model, ref_seq, ref_step_logits):
-    seq, _ = greedy(model)
-    if not torch.equal(seq, ref_seq):
-        top2 = ref_step_logits.float().topk(2, dim=-1).values
-        margin = (top2[..., 0] - top2[..., 1]).min().item()
-        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+from tests.test_hf import KINDS, assert_close_logits, assert_same_greedy, greedy, logits, make_model  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -39,7 +31,7 @@ def test_fp16_generation_matches_unpatched(kind):
     out = logits(model)
     assert out.dtype == torch.float16
     assert_close_logits(out.float(), ref.float())
-    _same_tokens(model, ref_seq, ref_step_logits)
+    assert_same_greedy(model, ref_seq, ref_step_logits)
 
 
 def test_fp16_two_numa_parts_equals_one():

@@ -25,17 +25,25 @@ experts implementation ``"ktmoe"``
     Importing this module registers ``"ktmoe"`` in transformers' ``ExpertsInterface``,
     so ``model.set_experts_implementation("ktmoe")`` and
     ``AutoModelForCausalLM.from_pretrained(..., experts_implementation="ktmoe")`` work.
-    That path keeps the dense parameters (you can switch back to ``"eager"``) and
-    packs each experts module on its first call: it saves no memory. Options for it:
-    :func:`torch_ktmoe.integrations.transformers_experts.configure_experts_implementation`.
-    Use ``patch_model``/``from_pretrained`` here to actually drop the dense weights.
+    Each experts module is packed on its first call, then its dense parameters are
+    released (``keep_dense`` keeps them). Options:
+    :func:`torch_ktmoe.integrations.transformers_experts.configure_experts_implementation`
+    or the ``KTMOE_WEIGHT_FORMAT`` / ``KTMOE_MMAP_EXPERTS_DIR`` / ``KTMOE_CACHE`` /
+    ``KTMOE_KEEP_DENSE`` environment variables.
 
-Supported experts classes: MixtralExperts, Qwen2MoeExperts, Qwen3MoeExperts,
-OlmoeExperts, DeepseekV3Experts. gpt-oss and any other experts block are refused
-with :class:`UnsupportedExpertsError` naming the class (``strict=False`` leaves
+``save_packed(model, DIR)`` / ``from_pretrained(DIR)``
+    A packed model directory: config, non-expert safetensors and the packed experts as
+    cache files, loaded without the source checkpoint (:mod:`torch_ktmoe.hf_packed`).
+
+Supported experts classes: :data:`SUPPORTED_EXPERTS_CLASSES` (each validated against its
+unpatched model). gpt-oss and every other experts block are refused with
+:class:`UnsupportedExpertsError` naming the class and the reason (``strict=False`` leaves
 them dense and lists them in the report).
 
-A patched model is for inference: ``save_pretrained`` of it is not supported.
+A patched model's ``state_dict()``/``save_pretrained`` write the experts back as dense
+tensors under the replaced class's keys (bf16 exact; int8/int4 dequantized, with a
+warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
+:class:`torch_ktmoe.ops.InferenceOnlyError`.
 ``KTMoEExperts`` does not dispatch on ``config._experts_implementation`` (patching sets
 it to ``"ktmoe"`` so ``model.get_experts_implementation()`` tells the truth; switching it
 afterwards changes nothing).

@@ -25,10 +25,14 @@ Two ways in:
 * :class:`KTMoEExperts` replaces the experts module (``torch_ktmoe.hf.patch_model``
   / ``torch_ktmoe.hf.from_pretrained``); the dense parameters are dropped.
 * the experts implementation ``"ktmoe"`` (:func:`register_experts_implementation`):
-  ``model.set_experts_implementation("ktmoe")`` keeps the dense parameters and packs
-  each experts module into a KTMoE on its first call (a switchable, memory-hungry
-  path: dense + packed copies both live).
+  ``model.set_experts_implementation("ktmoe")`` packs each experts module into a KTMoE
+  on its first call and then releases its dense parameters (``keep_dense`` keeps them,
+  so the model can switch back, at the cost of both copies).
 
+Either way ``state_dict()`` (so ``save_pretrained``) unpacks the experts again under the
+replaced module's keys: bf16 exactly, int8 / int4 dequantized with a warning.
+
+Every other experts class is refused with a reason (:func:`unsupported_reason`);
 gpt-oss (``GptOssExperts``) is refused: its gate/up columns are interleaved, its
 experts have biases and its activation is a clamped SwiGLU
 (``(clamp(up)+1) * g*sigmoid(1.702 g)``, ``g = clamp(gate, max=7)``), none of
@@ -61,15 +65,23 @@ __all__ = [
     "ENV_OPTIONS",
 ]
 
-# Experts classes of transformers 5.x validated against the KTMoE semantics
-# (fused [E,2I,H] gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU).
+# Experts classes of transformers 5.x validated against the KTMoE semantics (fused [E,2I,H]
+# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU): each generates the same
+# greedy tokens as its unpatched model on a tiny random config (tests/test_hf.py for the first five,
+# tests/test_hf_families.py for the others).
 SUPPORTED_EXPERTS_CLASSES = frozenset(
-    {"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts"}
+    {
+        "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
+        "Dots1Experts", "Ernie4_5_MoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "Glm4MoeExperts",
+        "Glm4MoeLiteExperts", "GraniteMoeExperts", "GraniteMoeSharedExperts", "HunYuanMoEV1Experts",
+        "JambaExperts", "LagunaExperts", "MiniMaxExperts", "MiniMaxM2Experts", "PhimoeExperts",
+        "Qwen3NextExperts", "SolarOpenExperts",
+    }
 )
 
 _KNOWN_REFUSALS = {
     "GptOssExperts": (
-        "gpt-oss experts store gate/up interleaved and transposed ([E, H, 2I], gate=cols 0::2, up=cols 1::2), "
+        "GptOssExperts: gpt-oss experts store gate/up interleaved and transposed ([E, H, 2I], gate=cols 0::2, up=cols 1::2), "
         "add per-expert biases and use a clamped SwiGLU ((clamp(up,-7,7)+1) * g*sigmoid(1.702*g), "
         "g=clamp(gate,max=7)); KTMoE computes down(silu(gate)*up) without biases, so it cannot run them exactly"
     ),
@@ -111,22 +123,23 @@ def experts_dims(module: nn.Module) -> tuple[int, int, int]:
 
 
 def unsupported_reason(module: nn.Module) -> str | None:
-    """None if ``module`` can be replaced by KTMoE exactly, else a sentence saying why not."""
+    """None if ``module`` can be replaced by KTMoE exactly, else a sentence saying why not.
+
+    Structural reasons (layout, bias, activation, gating) come first; a class that has
+    KTMoE's layout but is not in :data:`SUPPORTED_EXPERTS_CLASSES` is refused as not
+    validated (no generation test against its unpatched model yet).
+    """
     cls = type(module)
     name = cls.__name__
     if name in _KNOWN_REFUSALS:
         return _KNOWN_REFUSALS[name]
-    if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
-        return (
-            f"{cls.__module__}.{name} is not one of the experts classes validated for KTMoE "
-            f"({', '.join(sorted(SUPPORTED_EXPERTS_CLASSES))} from transformers.models)"
-        )
     gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(gu, torch.Tensor) or not isinstance(dn, torch.Tensor) or gu.dim() != 3 or dn.dim() != 3:
-        return f"{name} has no 3-D gate_up_proj/down_proj parameters (quantized or otherwise modified module?)"
+        return f"{name} has no 3-D gate_up_proj/down_proj parameters (per-expert modules, quantized or otherwise modified)"
     E, two_i, H = gu.shape
     if two_i % 2 or tuple(dn.shape) != (E, H, two_i // 2):
-        return f"{name}: unexpected shapes gate_up_proj {tuple(gu.shape)}, down_proj {tuple(dn.shape)}"
+        return (f"{name}: gate_up_proj {tuple(gu.shape)} / down_proj {tuple(dn.shape)} are not "
+                "[E, 2I, H] / [E, H, I] (transposed or differently fused experts)")
     flags = {
         "has_gate": True,
         "is_concatenated": True,
@@ -144,6 +157,11 @@ def unsupported_reason(module: nn.Module) -> str | None:
     apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
     if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
         return f"{name} overrides _apply_gate (custom gating)"
+    if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
+        return (
+            f"{cls.__module__}.{name} has KTMoE's layout but is not one of the experts classes validated "
+            "against their unpatched model (torch_ktmoe.hf.SUPPORTED_EXPERTS_CLASSES)"
+        )
     top_k = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
     if not isinstance(top_k, int) or top_k < 1:
         return f"{name}: cannot read num_experts_per_tok from its config"
