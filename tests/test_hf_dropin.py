@@ -70,9 +70,10 @@ def test_pickle_anonymous_by_value():
     assert ktm.arena_stats()[0]["anon_bytes"] == ktm.packed_bytes > 0
 
 
-def test_pickle_file_backed_maps_the_same_cache_files(tmp_path):
+@pytest.mark.parametrize("cache", ["reuse", "rebuild"])
+def test_pickle_file_backed_maps_the_same_cache_files(tmp_path, cache):
     model = make_model("olmoe")
-    hf.patch_model(model, mmap_experts_dir=tmp_path)
+    hf.patch_model(model, mmap_experts_dir=tmp_path, cache=cache)
     blob = pickle.dumps(model)
     assert len(blob) < sum(m.packed_bytes for m in model.modules() if isinstance(m, torch_ktmoe.KTMoE))
     back = pickle.loads(blob)
@@ -114,6 +115,17 @@ def test_pickle_file_backed_gone_raises(tmp_path):
         f.write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match="missing or no longer valid"):
         pickle.loads(blob)
+
+
+def test_experts_implementation_bad_environment_is_a_clear_error(monkeypatch):
+    model = make_model("olmoe")
+    dense = logits(model)
+    monkeypatch.setenv("KTMOE_WEIGHT_FORMAT", "fp8")
+    model.set_experts_implementation("ktmoe")
+    with pytest.raises(ValueError, match="weight_format must be one of .* got 'fp8'"):
+        logits(model)
+    monkeypatch.delenv("KTMOE_WEIGHT_FORMAT")
+    assert_close_logits(logits(model), dense)  # nothing was lost: the dense experts are still there
 
 
 # ---------------------------------------------------------------------------------------------- save_pretrained

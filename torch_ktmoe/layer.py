@@ -321,7 +321,7 @@ class KTMoE(nn.Module):
                             "(cache='off') that no other process can open, and copying them by value "
                             "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
                             "maps the same cache files), or copy.deepcopy in-process.")
-        return (_unpickle_ktmoe, (kwargs, ("files", self.cache_fingerprint)))
+        return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint)))
 
     # ---------------------------------------------------------------- reporting
     @property
