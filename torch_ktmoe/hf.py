@@ -365,8 +365,12 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
     """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time."""
     tried = []
     for p in _candidate_prefixes(b.name, base_model_prefix):
-        gu_key, dn_key = f"{p}.gate_up_proj", f"{p}.down_proj"
-        tried.append(gu_key)
+        fused = [(f"{p}.gate_up_proj", f"{p}.down_proj")]
+        if p.endswith(".experts"):  # Granite-MoE checkpoints: <block>.input_linear / output_linear, [E,2I,H] / [E,H,I]
+            parent = p[: -len(".experts")]
+            fused.append((f"{parent}.input_linear.weight", f"{parent}.output_linear.weight"))
+        gu_key, dn_key = next(((g, d) for g, d in fused if g in ckpt and d in ckpt), fused[0])
+        tried.extend(g for g, _ in fused)
         if gu_key in ckpt and dn_key in ckpt:
             if ckpt.shape(gu_key) != [E, 2 * I, H] or ckpt.shape(dn_key) != [E, H, I]:
                 raise ValueError(
