@@ -124,6 +124,15 @@ def greedy(model) -> tuple[torch.Tensor, torch.Tensor]:
     return out.sequences, torch.stack(out.logits, 1)
 
 
+def assert_same_greedy(model, ref_seq, ref_step_logits):
+    """model's greedy tokens equal ref_seq; on failure, report the reference's smallest top-1/top-2 margin."""
+    seq, _ = greedy(model)
+    if not torch.equal(seq, ref_seq):
+        top2 = ref_step_logits.float().topk(2, dim=-1).values
+        margin = (top2[..., 0] - top2[..., 1]).min().item()
+        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+
+
 def dense_expert_bytes(model) -> int:
     return sum(
         p.numel() * p.element_size()
@@ -180,11 +189,7 @@ def test_patch_model_matches_reference(kind):
     assert model.get_experts_implementation()[""] == "ktmoe"
 
     assert_close_logits(logits(model), ref_logits)
-    seq, _ = greedy(model)
-    if not torch.equal(seq, ref_seq):
-        top2 = ref_step_logits.float().topk(2, dim=-1).values
-        margin = (top2[..., 0] - top2[..., 1]).min().item()
-        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+    assert_same_greedy(model, ref_seq, ref_step_logits)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
@@ -306,18 +311,44 @@ def test_compile_no_graph_break_in_moe_layers():
 def test_experts_implementation_ktmoe(saved):
     from transformers import AutoModelForCausalLM
 
+    from torch_ktmoe.integrations import transformers_experts as te
+
     model = make_model("mixtral")
     ref = logits(model)
-    model.set_experts_implementation("ktmoe")
-    assert_close_logits(logits(model), ref)
-    assert dense_expert_bytes(model) > 0  # this path keeps the dense weights
-    model.set_experts_implementation("eager")
-    torch.testing.assert_close(logits(model), ref, rtol=1e-5, atol=1e-6)
+    te.configure_experts_implementation(keep_dense=True)
+    try:
+        model.set_experts_implementation("ktmoe")
+        assert_close_logits(logits(model), ref)
+        assert dense_expert_bytes(model) > 0  # keep_dense: both copies, switchable back
+        model.set_experts_implementation("eager")
+        torch.testing.assert_close(logits(model), ref, rtol=1e-5, atol=1e-6)
+    finally:
+        te._IMPL_OPTIONS.clear()
 
     loaded = AutoModelForCausalLM.from_pretrained(saved["mixtral"], dtype=torch.float32, experts_implementation="ktmoe")
     patched = AutoModelForCausalLM.from_pretrained(saved["mixtral"], dtype=torch.float32)
     hf.patch_model(patched)
     assert torch.equal(logits(loaded), logits(patched))
+    assert dense_expert_bytes(loaded) == 0, "the natural path must end with the dense experts freed"
+
+
+def test_experts_implementation_options_from_environment(saved, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("KTMOE_WEIGHT_FORMAT", "int8")
+    monkeypatch.setenv("KTMOE_MMAP_EXPERTS_DIR", str(tmp_path / "experts"))
+    loaded = AutoModelForCausalLM.from_pretrained(saved["olmoe"], dtype=torch.float32, experts_implementation="ktmoe")
+    out = logits(loaded)
+    ktms = [m.__dict__["_ktmoe_packed"].ktmoe for m in loaded.modules() if "_ktmoe_packed" in m.__dict__]
+    assert len(ktms) == 2
+    assert all(k.weight_format == "int8" and k.file_backed_bytes == k.packed_bytes > 0 for k in ktms)
+    patched = AutoModelForCausalLM.from_pretrained(saved["olmoe"], dtype=torch.float32)
+    hf.patch_model(patched, weight_format="int8")
+    assert torch.equal(out, logits(patched))
+    # state_dict / save_pretrained unpack the released experts again (int8: dequantized, with a warning)
+    with pytest.warns(UserWarning, match="dequantized"):
+        sd = loaded.state_dict()
+    assert sd["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
 
 
 class FooExperts(nn.Module):

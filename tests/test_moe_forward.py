@@ -188,13 +188,13 @@ def _call(packed, x=None, ids=None, w=None, w13=None, w2=None):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(x=torch.randn(4, 64).half()), "hidden_states must be bfloat16 or float32"),
+    (dict(x=torch.randn(4, 64).double()), "hidden_states must be bfloat16, float16 or float32, got Double"),
     (dict(x=torch.randn(4, 2, 64)), r"hidden_states must be \[T, H\]"),
     (dict(x=torch.randn(4, 80)), "packed for H = 64"),
     (dict(ids=torch.zeros(4, 2)), "topk_ids must be int32 or int64"),
     (dict(ids=torch.zeros(3, 2, dtype=torch.long)), r"topk_ids must be \[T, k\]"),
     (dict(ids=torch.tensor([[0, 8]] * 4)), "expert id 8 but the packed weights have only 8 experts"),
-    (dict(w=torch.ones(4, 2, dtype=torch.int32)), "topk_weights must be float32 or bfloat16"),
+    (dict(w=torch.ones(4, 2, dtype=torch.int32)), "topk_weights must be float32, bfloat16 or float16"),
     (dict(w=torch.ones(4, 3)), "topk_weights .* must have the shape of topk_ids"),
 ])
 def test_bad_inputs_raise_clear_errors(packed, kwargs, match):

@@ -25,17 +25,25 @@ experts implementation ``"ktmoe"``
     Importing this module registers ``"ktmoe"`` in transformers' ``ExpertsInterface``,
     so ``model.set_experts_implementation("ktmoe")`` and
     ``AutoModelForCausalLM.from_pretrained(..., experts_implementation="ktmoe")`` work.
-    That path keeps the dense parameters (you can switch back to ``"eager"``) and
-    packs each experts module on its first call: it saves no memory. Options for it:
-    :func:`torch_ktmoe.integrations.transformers_experts.configure_experts_implementation`.
-    Use ``patch_model``/``from_pretrained`` here to actually drop the dense weights.
+    Each experts module is packed on its first call, then its dense parameters are
+    released (``keep_dense`` keeps them). Options:
+    :func:`torch_ktmoe.integrations.transformers_experts.configure_experts_implementation`
+    or the ``KTMOE_WEIGHT_FORMAT`` / ``KTMOE_MMAP_EXPERTS_DIR`` / ``KTMOE_CACHE`` /
+    ``KTMOE_KEEP_DENSE`` environment variables.
 
-Supported experts classes: MixtralExperts, Qwen2MoeExperts, Qwen3MoeExperts,
-OlmoeExperts, DeepseekV3Experts. gpt-oss and any other experts block are refused
-with :class:`UnsupportedExpertsError` naming the class (``strict=False`` leaves
+``save_packed(model, DIR)`` / ``from_pretrained(DIR)``
+    A packed model directory: config, non-expert safetensors and the packed experts as
+    cache files, loaded without the source checkpoint (:mod:`torch_ktmoe.hf_packed`).
+
+Supported experts classes: :data:`SUPPORTED_EXPERTS_CLASSES` (each validated against its
+unpatched model). gpt-oss and every other experts block are refused with
+:class:`UnsupportedExpertsError` naming the class and the reason (``strict=False`` leaves
 them dense and lists them in the report).
 
-A patched model is for inference: ``save_pretrained`` of it is not supported.
+A patched model's ``state_dict()``/``save_pretrained`` write the experts back as dense
+tensors under the replaced class's keys (bf16 exact; int8/int4 dequantized, with a
+warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
+:class:`torch_ktmoe.ops.InferenceOnlyError`.
 ``KTMoEExperts`` does not dispatch on ``config._experts_implementation`` (patching sets
 it to ``"ktmoe"`` so ``model.get_experts_implementation()`` tells the truth; switching it
 afterwards changes nothing).
@@ -53,6 +61,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from . import hf_packed
 from .cache import checkpoint_fingerprint, layer_fingerprint
 from .memory import release_free_heap
 from .integrations.transformers_experts import (
@@ -69,6 +78,7 @@ from .integrations.transformers_experts import (
 __all__ = [
     "patch_model",
     "from_pretrained",
+    "save_packed",
     "find_experts_blocks",
     "PatchReport",
     "RefusedBlock",
@@ -179,7 +189,7 @@ def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmo
 
 def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
     E, H, I = experts_dims(block.module)
-    return KTMoEExperts(
+    adapter = KTMoEExperts(
         ktmoe,
         num_experts=E,
         hidden_dim=H,
@@ -188,6 +198,8 @@ def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
         layer_idx=block.layer_idx,
         replaced_class=block.class_name,
     )
+    adapter.dense_dtype = block.module.gate_up_proj.dtype
+    return adapter
 
 
 def _mark_config(model: nn.Module) -> None:
@@ -353,8 +365,12 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
     """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time."""
     tried = []
     for p in _candidate_prefixes(b.name, base_model_prefix):
-        gu_key, dn_key = f"{p}.gate_up_proj", f"{p}.down_proj"
-        tried.append(gu_key)
+        fused = [(f"{p}.gate_up_proj", f"{p}.down_proj")]
+        if p.endswith(".experts"):  # Granite-MoE checkpoints: <block>.input_linear / output_linear, [E,2I,H] / [E,H,I]
+            parent = p[: -len(".experts")]
+            fused.append((f"{parent}.input_linear.weight", f"{parent}.output_linear.weight"))
+        gu_key, dn_key = next(((g, d) for g, d in fused if g in ckpt and d in ckpt), fused[0])
+        tried.extend(g for g, _ in fused)
         if gu_key in ckpt and dn_key in ckpt:
             if ckpt.shape(gu_key) != [E, 2 * I, H] or ckpt.shape(dn_key) != [E, H, I]:
                 raise ValueError(
@@ -411,6 +427,35 @@ def _before_and_after_weight_loading(before, after):
             PreTrainedModel._load_pretrained_model = original
 
 
+def _map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report) -> None:
+    """from_pretrained of a packed model directory: every experts layer mapped from its files."""
+    missing = [b.name for b, *_ in entries if b.name not in by_module]
+    if missing or len(entries) != len(by_module):
+        raise hf_packed.PackedDirError(
+            f"from_pretrained({path}): the model's experts blocks and {hf_packed.MANIFEST} disagree "
+            f"(not in the manifest: {missing}; manifest: {sorted(by_module)})"
+        )
+    for b, E, H, I, adapter in entries:
+        entry = by_module[b.name]
+        if (entry["num_experts"], entry["hidden_size"], entry["intermediate_size"], entry["top_k"]) != (E, H, I, adapter.top_k):
+            raise hf_packed.PackedDirError(
+                f"from_pretrained({path}): {b.name}: the config says E, H, I, top_k = {(E, H, I, adapter.top_k)}, "
+                f"the manifest {(entry['num_experts'], entry['hidden_size'], entry['intermediate_size'], entry['top_k'])}"
+            )
+        ktm = hf_packed.load_layer(entry, path, manifest["experts_dir"], ktmoe_kwargs)
+        adapter.ktmoe = ktm
+        adapter.layer_idx = ktm.layer_idx
+        _account(report, b, ktm, 0)
+
+
+def save_packed(model: nn.Module, directory, **kwargs) -> dict:
+    """Write a patched model as a packed model directory (see :mod:`torch_ktmoe.hf_packed`); returns the manifest.
+
+    ``from_pretrained(directory)`` then loads it without the source checkpoint, mapping the experts.
+    """
+    return hf_packed.save_packed(model, directory, **kwargs)
+
+
 def _resolve_dir(path) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -424,7 +469,7 @@ def from_pretrained(
     pretrained_model_name_or_path,
     *,
     mmap_experts_dir: str | os.PathLike | None = None,
-    weight_format: str = "bf16",
+    weight_format: str | None = None,
     dtype=None,
     torch_dtype=None,
     model_class=None,
@@ -448,6 +493,11 @@ def from_pretrained(
     the cache fingerprint of a layer is the checkpoint files' names, sizes and mtimes
     plus the module name and dtype; a layer with valid cache files is mapped and its
     experts are not even read from the safetensors.
+
+    A packed model directory (written by :func:`save_packed`, it holds ``ktmoe_packed.json``)
+    loads without its source checkpoint: every experts layer is mapped read-only from the
+    directory's files, never packed; its format, group size and NUMA parts come from the
+    manifest, so ``weight_format``, ``mmap_experts_dir`` and ``cache`` must not be given.
     """
     if model_class is None:
         from transformers import AutoModelForCausalLM
@@ -461,6 +511,17 @@ def from_pretrained(
         raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
     path = _resolve_dir(pretrained_model_name_or_path)
     ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    packed = hf_packed.is_packed_dir(path)
+    if packed:
+        given = {"weight_format": weight_format, "mmap_experts_dir": mmap_experts_dir, "cache": cache}
+        given = [k for k, v in given.items() if v is not None]
+        if given:
+            raise hf_packed.PackedDirError(
+                f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {hf_packed.MANIFEST})"
+            )
+        manifest = hf_packed.read_manifest(path)
+        by_module = {e["module"]: e for e in manifest["layers"]}
+    weight_format = weight_format or "bf16"
     if cache is not None:
         ktmoe_kwargs["cache"] = cache
     state: dict = {}
@@ -508,6 +569,11 @@ def from_pretrained(
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
     report = PatchReport(refused=list(state["refused"]))
+    if packed:
+        _map_packed_layers(path, manifest, by_module, state["entries"], ktmoe_kwargs, report)
+        model.ktmoe_report = report
+        _mark_config(model)
+        return model
     source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
     ckpt = _Checkpoint(path)
     try:

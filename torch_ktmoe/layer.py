@@ -1,4 +1,5 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature."""
+import copy
 import os
 import warnings
 from typing import List, Optional
@@ -48,7 +49,17 @@ class KTMoE(nn.Module):
 
     ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
     returns the weighted sum of the routed experts, shaped and typed like
-    ``hidden_states`` (bf16 or fp32). Ids < 0 are skipped.
+    ``hidden_states`` (bf16, fp16 or fp32; fp16 is converted in the kernel's
+    activation prep). Ids < 0 are skipped. Inference only: a backward through it
+    raises :class:`torch_ktmoe.ops.InferenceOnlyError`.
+
+    Copies. ``copy.deepcopy`` shares the packed experts (they are immutable) and
+    copies everything else. Pickling (e.g. for ``multiprocessing``) works when the
+    receiver can get the same experts safely: anonymous experts travel by value;
+    file-backed experts in persistent cache files (``cache="reuse"``/``"rebuild"``)
+    travel as (directory, fingerprint) and are mapped read-only from the same files;
+    file-backed experts in unnamed files (``cache="off"``) or with an anonymous
+    fallback raise ``TypeError`` saying why.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -73,6 +84,7 @@ class KTMoE(nn.Module):
             _cache.check_policy(cache)
         self.cache = "off" if self.mmap_experts_dir is None else (cache or "reuse")
         self.cache_events: List[dict] = []  # last load: {name, hit, reason} per part
+        self.cache_fingerprint: Optional[str] = None  # the fingerprint of the last load (pickling by file)
         self._hugepage, self._nodes = hugepage, nodes
         # Intermediate columns [bounds[p], bounds[p+1]) belong to part p.
         self._bounds = [intermediate_size * p // parts for p in range(parts + 1)]
@@ -154,6 +166,7 @@ class KTMoE(nn.Module):
         for p, (w13, w2) in enumerate(mapped):
             setattr(self, f"w13_{p}", w13)
             setattr(self, f"w2_{p}", w2)
+        self.cache_fingerprint = fingerprint
         self._after_load()
         return True
 
@@ -203,6 +216,7 @@ class KTMoE(nn.Module):
                                                       self.cache, build, self.cache_events)
                 setattr(self, f"w13_{p}", w13)
                 setattr(self, f"w2_{p}", w2)
+        self.cache_fingerprint = fingerprint
         self._after_load()
 
     def _after_load(self):
@@ -265,13 +279,49 @@ class KTMoE(nn.Module):
         x = hidden_states.reshape(-1, self.hidden_size)
         ids = topk_ids.reshape(x.shape[0], -1)
         weights = topk_weights.reshape(x.shape[0], -1)
-        if self.numa_parts == 1:
+        if self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
             out = torch.ops.ktmoe.moe_forward(x, ids, weights, self.w13_0, self.w2_0)
         else:  # partial outputs of the parts, summed in fp32
             xf = x.float()
             out = sum(torch.ops.ktmoe.moe_forward(xf, ids, weights, w13, w2)
                       for w13, w2 in self.packed_tensors()).to(x.dtype)
         return out.reshape(shape)
+
+    # ---------------------------------------------------------------- copies
+    def __deepcopy__(self, memo):
+        """A new module sharing the packed experts (immutable) and their arenas; the rest is copied."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for obj in [*self.arenas, *(t for pair in self.packed_tensors() for t in pair)]:
+            memo[id(obj)] = obj
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    def _constructor_kwargs(self) -> dict:
+        return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.hidden_size,
+                    intermediate_size=self.intermediate_size, weight_format=self.weight_format,
+                    mmap_experts_dir=self.mmap_experts_dir, layer_idx=self.layer_idx,
+                    numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
+                    warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None)
+
+    def __reduce__(self):
+        kwargs, where = self._constructor_kwargs(), f"KTMoE(layer {self.layer_idx})"
+        if not self.loaded:
+            return (_unpickle_ktmoe, (kwargs, None))
+        stats = self.arena_stats()
+        if all(s["file_backed_bytes"] == 0 for s in stats):  # anonymous: by value
+            data = [(w13.numpy().copy(), w2.numpy().copy()) for w13, w2 in self.packed_tensors()]
+            return (_unpickle_ktmoe, (dict(kwargs, mmap_experts_dir=None, cache=None), ("bytes", data)))
+        if any(s["anon_bytes"] for s in stats):
+            raise TypeError(f"cannot pickle {where}: part of its experts fell back to anonymous memory "
+                            f"and part is file-backed in {self.mmap_experts_dir}; another process could "
+                            "not rebuild that mix. Copy it in-process with copy.deepcopy, or reload it there.")
+        if self.cache == "off" or self.cache_fingerprint is None:
+            raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files "
+                            "(cache='off') that no other process can open, and copying them by value "
+                            "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
+                            "maps the same cache files), or copy.deepcopy in-process.")
+        return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint)))
 
     # ---------------------------------------------------------------- reporting
     @property
@@ -297,3 +347,20 @@ class KTMoE(nn.Module):
                 f"intermediate={self.intermediate_size}, format={self.weight_format}, "
                 f"numa_parts={self.numa_parts}, packed={self.packed_bytes / 2**20:.1f} MiB, "
                 f"storage={storage}")
+
+
+def _unpickle_ktmoe(kwargs: dict, weights) -> KTMoE:
+    m = KTMoE(**kwargs)
+    if weights is None:
+        return m
+    kind, payload = weights
+    if kind == "bytes":
+        for p, (w13, w2) in enumerate(payload):  # into the new layer's (anonymous) arenas: 64-byte aligned
+            setattr(m, f"w13_{p}", m.arenas[p].empty(w13.shape).copy_(torch.from_numpy(w13)))
+            setattr(m, f"w2_{p}", m.arenas[p].empty(w2.shape).copy_(torch.from_numpy(w2)))
+        return m
+    if not m.try_load_cached(payload):
+        reasons = "; ".join(f"{e['name']}: {e['reason']}" for e in m.cache_events) or "no cache"
+        raise RuntimeError(f"unpickling KTMoE(layer {m.layer_idx}): the packed cache files in "
+                           f"{m.mmap_experts_dir} are missing or no longer valid ({reasons})")
+    return m

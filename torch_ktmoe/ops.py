@@ -2,6 +2,11 @@
 
 The fake kernels let ``torch.compile`` and ``opcheck`` trace the ops without
 running them: they only compute output shapes and dtypes.
+
+The ops are inference-only. Each has an autograd formula that raises
+:class:`InferenceOnlyError` when a backward reaches it, so a gradient through the
+experts is never silently zero or missing (the forward itself runs fine on inputs
+that require grad, e.g. a model called outside ``torch.no_grad``).
 """
 from typing import Optional, Tuple
 
@@ -10,14 +15,19 @@ import torch
 from ._native import _C
 
 WEIGHT_FORMATS = ("bf16", "int8", "int4")
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class InferenceOnlyError(RuntimeError):
+    """A backward pass reached a ktmoe op: the packed experts have no gradient."""
 
 
 def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """Fused MoE forward over packed experts.
 
-    hidden_states [T, H] bf16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
-    topk_weights [T, k] fp32|bf16, w13 / w2 from :func:`pack_experts`
+    hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
+    topk_weights [T, k] fp32|bf16|fp16, w13 / w2 from :func:`pack_experts`
     -> [T, H] in the dtype of hidden_states.
     """
     return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2)
@@ -43,8 +53,8 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
 @torch.library.register_fake("ktmoe::moe_forward")
 def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2):
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
-    torch._check(hidden_states.dtype in (torch.bfloat16, torch.float32),
-                 lambda: "hidden_states must be bfloat16 or float32")
+    torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
+                 lambda: "hidden_states must be bfloat16, float16 or float32")
     torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
                  lambda: "topk_ids and topk_weights must be [T, k]")
     return hidden_states.new_empty(hidden_states.shape)
@@ -58,3 +68,16 @@ def _pack_experts_fake(gate_up, up, down, weight_format, group_size, arena):
     b2 = _C.packed_matrix_bytes(weight_format, "down", hidden, inter, group_size)
     return (gate_up.new_empty((experts, b13), dtype=torch.uint8),
             gate_up.new_empty((experts, b2), dtype=torch.uint8))
+
+
+def _inference_only(op: str):
+    def backward(ctx, *grads):
+        raise InferenceOnlyError(
+            f"ktmoe::{op} is inference-only: torch_ktmoe's packed experts (KTMoE, and models patched by "
+            "torch_ktmoe.hf) have no backward, so no gradient can flow through them. Run the model under "
+            "torch.no_grad() / torch.inference_mode(), or train with the dense (unpatched) experts.")
+    return backward
+
+
+torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forward"))
+torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))

@@ -52,6 +52,12 @@ struct IsaKernels {
 
   // y[i] = bf16(x[i]) with round-to-nearest-even (NaN stays NaN), i < n.
   void (*to_bf16)(const float* x, uint16_t* y, int64_t n);
+
+  // fp16 activations in and out (fp16 models): y[i] = fp32(x[i]) exactly (NaN stays
+  // NaN, made quiet), and y[i] = fp16(x[i]) with round-to-nearest-even (overflow ->
+  // inf, denormals kept, NaN -> quiet NaN with sign and top payload kept), i < n.
+  void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
 };
 
 // The entry points an ISA defines in its own namespace (ktmoe::generic, ::avx2,
@@ -66,7 +72,9 @@ struct IsaKernels {
   void silu_mul(const float* gate, const float* up, float* h, int64_t n);                         \
   void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group, \
                      int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);       \
-  void to_bf16(const float* x, uint16_t* y, int64_t n)
+  void to_bf16(const float* x, uint16_t* y, int64_t n);                                           \
+  void f16_to_f32(const uint16_t* x, float* y, int64_t n);                                        \
+  void f32_to_f16(const float* x, uint16_t* y, int64_t n)
 
 // Tables, defined in generic/, avx2/, avx512/. The avx2/avx512 ones are compiled
 // with their ISA flags and must only be *called* after cpu_features says so.

@@ -15,6 +15,9 @@
 // Phases, each one parallel_for over independent items that write disjoint
 // outputs, so the result has the same bits for any thread count and partition:
 //   1. prep:     x[t] -> activation row of token t (once per token, zero padded);
+//                x is fp32, bf16 or fp16; what the format's row builder does not
+//                take directly (fp16 always, bf16 for int formats) is widened to
+//                fp32 in a staging buffer first, in the same parallel loop;
 //      gather:   token rows -> rows r (contiguous per expert: gemm's M rows).
 //   2. gate/up:  item = (expert, range of block pairs); for every token tile of
 //                the expert: gemm on blocks [2j0, 2j1) (gate/up interleaved) into
@@ -23,7 +26,8 @@
 //                hence after all gate/up items).
 //   3. down:     item = (expert, range of blocks of w2) -> y[r] (fp32, one slot per
 //                pair), written by gemm directly.
-//   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype.
+//   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype
+//                (x's dtype; bf16 / fp16 rounded to nearest even).
 // Item sizes. An expert with few rows (decode: at most decode_rows(), 12 for
 // kBF16 whose gemm has an L1-blocked path above 12 rows, kTokenTile for int
 // formats) reads each weight once whatever the item size, so its blocks are cut
@@ -261,7 +265,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
   }
 
   if (P == 0) {  // every id masked: out = 0 (w13 / w2 are not even looked at)
-    std::memset(p.out, 0, size_t(T) * H * (p.x_is_bf16 ? 2 : 4));
+    std::memset(p.out, 0, size_t(T) * H * (p.x_dtype == ActDtype::kF32 ? 4 : 2));
     return;
   }
 
@@ -272,8 +276,9 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
   const int64_t pairs = h13->np / 32;   // ip / 16 block pairs of w13
   const int64_t ldh = 16 * pairs;       // ip
   const int64_t ldy = h2->np;           // round_up(H, 16)
-  const bool x_bf16 = p.x_is_bf16;
-  const bool stage_x = x_bf16 && h13->format != uint8_t(WeightFormat::kBF16);
+  const ActDtype xd = p.x_dtype;
+  // x rows the format's row builder cannot take directly are widened to fp32 first.
+  const bool stage_x = xd == ActDtype::kF16 || (xd == ActDtype::kBF16 && h13->format != uint8_t(WeightFormat::kBF16));
 
   // ---- scratch ---------------------------------------------------------------
   Layout layout;
@@ -296,19 +301,20 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
   const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
   const float* x32 = static_cast<const float*>(p.x);
   parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    const float* src = x32;
+    if (stage_x) {
+      if (xd == ActDtype::kF16) isa.f16_to_f32(x16 + t0 * H, stage + t0 * H, (t1 - t0) * H);
+      else for (int64_t i = t0 * H; i < t1 * H; ++i) stage[i] = bf16_to_f32(x16[i]);
+      src = stage;
+    }
     if (xa.format == WeightFormat::kBF16) {
       for (int64_t t = t0; t < t1; ++t) {
         uint16_t* dst = xa.bf16 + t * xa.ld;
-        if (x_bf16) std::memcpy(dst, x16 + t * H, size_t(H) * 2);
-        else isa.to_bf16(x32 + t * H, dst, H);
+        if (xd == ActDtype::kBF16) std::memcpy(dst, x16 + t * H, size_t(H) * 2);
+        else isa.to_bf16(src + t * H, dst, H);
         std::fill(dst + H, dst + xa.kp, uint16_t{0});
       }
     } else {
-      const float* src = x32;
-      if (stage_x) {
-        for (int64_t i = t0 * H; i < t1 * H; ++i) stage[i] = bf16_to_f32(x16[i]);
-        src = stage;
-      }
       isa.quantize_rows(src + t0 * H, H, t1 - t0, H, xa.kp, xa.group, xa.q + t0 * xa.kp, xa.kp,
                         xa.scale + t0, xa.gsum + t0 * xa.ngroups, xa.ngroups);
     }
@@ -380,7 +386,9 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
           const float* y = ybuf + r * ldy + c0;
           for (int64_t c = 0; c < cols; ++c) acc[c] += wt * y[c];
         }
-        if (x_bf16) isa.to_bf16(acc, static_cast<uint16_t*>(p.out) + t * H + c0, cols);
+        uint16_t* out16 = static_cast<uint16_t*>(p.out) + t * H + c0;
+        if (xd == ActDtype::kBF16) isa.to_bf16(acc, out16, cols);
+        else if (xd == ActDtype::kF16) isa.f32_to_f16(acc, out16, cols);
         else std::memcpy(static_cast<float*>(p.out) + t * H + c0, acc, size_t(cols) * 4);
       }
     }

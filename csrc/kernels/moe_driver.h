@@ -5,12 +5,14 @@
 //
 // Phases, each a parallel loop over independent work items, so the result is the
 // same bits for any thread count:
-//   1. activations: x -> bf16 rows (kBF16) or int8 rows + scales + group sums;
+//   1. activations: x (fp32, bf16 or fp16) -> bf16 rows (kBF16) or int8 rows +
+//      scales + group sums (fp16 is widened to fp32 row by row first);
 //      gather each active expert's tokens into a contiguous block;
 //   2. gate/up: items (expert, pair of blocks) -> h = silu(gate) ⊙ up, fp32;
 //      then h -> bf16 / int8 rows per (expert, token);
 //   3. down: items (expert, range of blocks) -> y, one slot per (t, j);
-//   4. combine: out[t] = Σ_j w[t,j] · y[t,j] in j order, written in out's dtype.
+//   4. combine: out[t] = Σ_j w[t,j] · y[t,j] in j order, written in out's dtype
+//      (x's: fp32, or bf16 / fp16 rounded to nearest even).
 // Decode (few tokens) splits every expert's blocks over all threads; prefill
 // (many tokens) runs blocked GEMMs per (expert, block range) over all its tokens.
 #pragma once
@@ -25,13 +27,16 @@ namespace ktmoe {
 using ParallelFor =
     std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>&)>;
 
+// The dtype of the activations x and of out (the model's dtype).
+enum class ActDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
 struct MoeProblem {
   int64_t tokens;        // T
   int64_t hidden;        // H
   int64_t top_k;         // k
   int64_t num_experts;   // E
-  const void* x;         // [T, H] contiguous, bf16 (x_is_bf16) or fp32
-  bool x_is_bf16;
+  const void* x;         // [T, H] contiguous, x_dtype
+  ActDtype x_dtype;
   const int64_t* ids;    // [T, k] contiguous
   const float* weights;  // [T, k] contiguous
   const uint8_t* w13;    // [E, w13_stride] packed kGateUp matrices, n = 2I, k = H

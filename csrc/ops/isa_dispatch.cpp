@@ -11,7 +11,8 @@ namespace ktmoe {
 namespace {
 
 bool complete(const IsaKernels& k) {
-  return k.gemm_bf16 && k.gemm_int8 && k.gemm_int4 && k.silu_mul && k.quantize_rows && k.to_bf16;
+  return k.gemm_bf16 && k.gemm_int8 && k.gemm_int4 && k.silu_mul && k.quantize_rows && k.to_bf16 && k.f16_to_f32 &&
+         k.f32_to_f16;
 }
 
 // nullptr when the CPU lacks the ISA or its table is not complete in this build.

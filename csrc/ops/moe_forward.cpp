@@ -3,6 +3,8 @@
 // out[t] = Σ_j topk_weights[t,j] · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t)), e = topk_ids[t,j];
 // ids < 0 are skipped, ids >= E are an error. The packed weights describe their
 // own format (packed_format.h headers), so the op takes no format argument.
+// hidden_states may be fp32, bf16 or fp16 (converted row by row in the kernel's
+// activation prep, never as a full copy here); out has its dtype.
 // Order: checks -> shapes -> scratch (normalised inputs, output) -> dispatch to
 // the torch-free driver with the active ISA's micro-kernels and ATen's pool.
 #include <ATen/ATen.h>
@@ -51,15 +53,16 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2) {
   // checks
   TORCH_CHECK(hidden_states.device().is_cpu(), "ktmoe::moe_forward: hidden_states must be on CPU");
-  TORCH_CHECK(hidden_states.scalar_type() == at::kBFloat16 || hidden_states.scalar_type() == at::kFloat,
-              "ktmoe::moe_forward: hidden_states must be bfloat16 or float32, got ",
-              hidden_states.scalar_type());
+  const at::ScalarType xt = hidden_states.scalar_type();
+  TORCH_CHECK(xt == at::kBFloat16 || xt == at::kFloat || xt == at::kHalf,
+              "ktmoe::moe_forward: hidden_states must be bfloat16, float16 or float32, got ", xt);
   TORCH_CHECK(hidden_states.dim() == 2, "ktmoe::moe_forward: hidden_states must be [T, H], got ",
               hidden_states.sizes());
   TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong,
               "ktmoe::moe_forward: topk_ids must be int32 or int64, got ", topk_ids.scalar_type());
-  TORCH_CHECK(topk_weights.scalar_type() == at::kFloat || topk_weights.scalar_type() == at::kBFloat16,
-              "ktmoe::moe_forward: topk_weights must be float32 or bfloat16, got ",
+  TORCH_CHECK(topk_weights.scalar_type() == at::kFloat || topk_weights.scalar_type() == at::kBFloat16 ||
+                  topk_weights.scalar_type() == at::kHalf,
+              "ktmoe::moe_forward: topk_weights must be float32, bfloat16 or float16, got ",
               topk_weights.scalar_type());
   const int64_t tokens = hidden_states.size(0), hidden = hidden_states.size(1);
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == tokens,
@@ -97,7 +100,7 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   p.top_k = ids.size(1);
   p.num_experts = experts;
   p.x = x.data_ptr();
-  p.x_is_bf16 = x.scalar_type() == at::kBFloat16;
+  p.x_dtype = xt == at::kBFloat16 ? ActDtype::kBF16 : xt == at::kHalf ? ActDtype::kF16 : ActDtype::kF32;
   p.ids = ids.data_ptr<int64_t>();
   p.weights = weights.data_ptr<float>();
   p.w13 = w13.data_ptr<uint8_t>();

@@ -396,6 +396,8 @@ std::vector<Isa> usable_isas() {
     if (!t.silu_mul) nulls += " silu_mul";
     if (!t.quantize_rows) nulls += " quantize_rows";
     if (!t.to_bf16) nulls += " to_bf16";
+    if (!t.f16_to_f32) nulls += " f16_to_f32";
+    if (!t.f32_to_f16) nulls += " f32_to_f16";
     const char* name = t.name ? t.name : "?";
     if (!cpu_ok[i]) {
       skip(strf("isa %s: skipped: cpu lacks it", name));
@@ -639,6 +641,79 @@ void test_to_bf16(const IsaKernels& isa, Rng& rng) {
                        isa.name, (long long)bad));
 }
 
+// The fp16 value of bits h, from its fields in double arithmetic (independent of f16_scalar.h).
+double ref_f16_value(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 0) return sign * std::ldexp(double(m), -24);
+  if (e == 31) return m ? std::nan("") : sign * HUGE_VAL;
+  return sign * std::ldexp(double(1024 + m), e - 25);
+}
+
+// Nearest fp16 to finite or infinite f (ties to even), by search over the 2^15 magnitudes in double.
+uint16_t ref_f16(float f) {
+  const double a = std::fabs(double(f));
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (a >= 65520.0) return sign | 0x7C00;
+  uint16_t lo = 0, hi = 0x7BFF;  // largest magnitude <= a, by bisection over the ordered bit patterns
+  while (lo < hi) {
+    const uint16_t mid = uint16_t((lo + hi + 1) / 2);
+    if (ref_f16_value(mid) <= a) lo = mid; else hi = uint16_t(mid - 1);
+  }
+  const double below = ref_f16_value(lo), above = ref_f16_value(uint16_t(lo + 1));
+  uint16_t pick = lo;
+  if (a - below > above - a || (a - below == above - a && (lo & 1))) pick = uint16_t(lo + 1);
+  return sign | pick;
+}
+
+void test_f16(const IsaKernels& isa, Rng& rng) {
+  // fp32 -> fp16: ties, overflow edge (65504 / 65520), denormals, NaN, inf, random bits
+  std::vector<uint32_t> u = {0x00000000u, 0x80000000u, 0x3F800000u, 0x3F801000u /*tie, even down*/,
+                             0x3F803000u /*tie, up*/, 0x3F801001u, 0x477FE000u /*65504*/, 0x477FEFFFu,
+                             0x477FF000u /*65520 -> inf*/, 0xC77FF000u, 0x7F800000u, 0xFF800000u,
+                             0x7FC00000u, 0xFFC12345u, 0x7F800001u /*sNaN*/, 0x33800000u /*2^-24*/,
+                             0x33000000u /*2^-25: tie to 0*/, 0x33400000u, 0x387FC000u, 0x387FF000u, 0x38800000u,
+                             0x00000001u, 0x1F000000u};
+  while (u.size() < 4099) {
+    const uint32_t r = uint32_t(rng.next());
+    u.push_back(u.size() % 2 ? r : (r & 0x8FFFFFFFu) | 0x30000000u);  // half of them in fp16 range
+  }
+  int64_t bad = 0;
+  for (int64_t off : {0, 1}) {
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(33), int64_t(u.size()) - off}) {
+      std::vector<float> x(u.size());
+      for (size_t i = 0; i < u.size(); ++i) x[i] = float_of(u[i]);
+      std::vector<uint16_t> y(static_cast<size_t>(n) + 2, 0xABCD);
+      isa.f32_to_f16(x.data() + off, y.data() + off, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float xi = x[size_t(off + i)];
+        const uint16_t got = y[size_t(off + i)];
+        if (std::isnan(xi))
+          bad += (got & 0x7E00) != 0x7E00 || (got >> 15) != (bits_of(xi) >> 31) || (got & 0x1FF) != ((bits_of(xi) >> 13) & 0x1FF);
+        else
+          bad += got != ref_f16(xi);
+      }
+      bad += y[size_t(off + n)] != 0xABCD || (off && y[0] != 0xABCD);
+    }
+  }
+  // fp16 -> fp32: every one of the 65536 patterns, unaligned
+  std::vector<uint16_t> h(65537);
+  for (uint32_t i = 0; i < 65536; ++i) h[i + 1] = uint16_t(i);
+  std::vector<float> f(65538, 7.f);
+  isa.f16_to_f32(h.data() + 1, f.data() + 1, 65536);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const double ref = ref_f16_value(uint16_t(i));
+    const float got = f[i + 1];
+    if (std::isnan(ref))
+      bad += !std::isnan(got) || (bits_of(got) >> 31) != (i >> 15);
+    else
+      bad += double(got) != ref || std::signbit(got) != bool(i & 0x8000);
+  }
+  bad += f[0] != 7.f || f[65537] != 7.f;
+  check(bad == 0, strf("f32_to_f16 / f16_to_f32 [%s] ties, 65504/65520, denormals, NaN, inf, 4099 random, all 65536 "
+                       "fp16 patterns, unaligned: exact (mismatches %lld)", isa.name, (long long)bad));
+}
+
 // ---------------------------------------------------------------- driver tests
 ParallelFor serial_pf() {
   return [](int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& f) {
@@ -817,7 +892,7 @@ std::vector<float> run_driver(const MoeWeights& M, const MoeInput& in, const Isa
   MoeProblem p{};
   p.tokens = in.T, p.hidden = M.H, p.top_k = in.K, p.num_experts = M.E;
   p.x = in.bf16 ? static_cast<const void*>(in.xb.data()) : static_cast<const void*>(in.x.data());
-  p.x_is_bf16 = in.bf16;
+  p.x_dtype = in.bf16 ? ActDtype::kBF16 : ActDtype::kF32;
   p.ids = in.ids.data(), p.weights = in.wts.data();
   p.w13 = M.p13->get(), p.w13_stride = M.s13, p.w2 = M.p2->get(), p.w2_stride = M.s2;
   std::vector<float> out(static_cast<size_t>(in.T * M.H) + 1, 0.f);
@@ -958,6 +1033,38 @@ void test_accuracy(const std::vector<Isa>& isas, Rng& rng, int64_t E = 4, int64_
   }
 }
 
+// fp16 activations: the driver on fp16 x must give exactly fp16(the fp32 driver's output on the same
+// values), since fp16 -> fp32 is exact and the combine rounds its fp32 sum once.
+void test_driver_f16(const std::vector<Isa>& isas, Rng& rng) {
+  const int64_t E = 5, H = 200, I = 70, K = 3;
+  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kINT8, WeightFormat::kINT4}) {
+    const MoeWeights M = make_weights(E, H, I, f, 0, f, 0, rng);
+    for (int64_t T : {1, 7, 40}) {
+      MoeInput in = random_input(T, K, M, false, 0.15, rng);
+      std::vector<uint16_t> xh(in.x.size());
+      for (size_t i = 0; i < in.x.size(); ++i) {
+        xh[i] = ref_f16(in.x[i]);
+        in.x[i] = float(ref_f16_value(xh[i]));
+      }
+      for (const Isa& isa : isas) {
+        const std::vector<float> ref = run_driver(M, in, *isa.k, serial_pf());
+        MoeProblem p{};
+        p.tokens = T, p.hidden = H, p.top_k = K, p.num_experts = E;
+        p.x = xh.data(), p.x_dtype = ActDtype::kF16;
+        p.ids = in.ids.data(), p.weights = in.wts.data();
+        p.w13 = M.p13->get(), p.w13_stride = M.s13, p.w2 = M.p2->get(), p.w2_stride = M.s2;
+        std::vector<uint16_t> out(size_t(T * H) + 1, 0x5A5A);
+        p.out = out.data();
+        moe_forward(p, *isa.k, two_thread_pf());
+        int64_t bad = out.back() != 0x5A5A;
+        for (int64_t i = 0; i < T * H; ++i) bad += out[size_t(i)] != ref_f16(ref[size_t(i)]);
+        check(bad == 0, strf("moe_forward x=fp16 %s T=%lld [%s]: out == fp16(fp32 driver on the same values) "
+                             "(mismatches %lld)", fmt_name(f), (long long)T, isa.k->name, (long long)bad));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -994,8 +1101,10 @@ int main(int argc, char** argv) {
     test_silu(*isa.k, rng);
     test_quantize(*isa.k, rng);
     test_to_bf16(*isa.k, rng);
+    test_f16(*isa.k, rng);
   }
   test_driver(isas, rng);
+  test_driver_f16(isas, rng);
   test_accuracy(isas, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -25,10 +25,14 @@ Two ways in:
 * :class:`KTMoEExperts` replaces the experts module (``torch_ktmoe.hf.patch_model``
   / ``torch_ktmoe.hf.from_pretrained``); the dense parameters are dropped.
 * the experts implementation ``"ktmoe"`` (:func:`register_experts_implementation`):
-  ``model.set_experts_implementation("ktmoe")`` keeps the dense parameters and packs
-  each experts module into a KTMoE on its first call (a switchable, memory-hungry
-  path: dense + packed copies both live).
+  ``model.set_experts_implementation("ktmoe")`` packs each experts module into a KTMoE
+  on its first call and then releases its dense parameters (``keep_dense`` keeps them,
+  so the model can switch back, at the cost of both copies).
 
+Either way ``state_dict()`` (so ``save_pretrained``) unpacks the experts again under the
+replaced module's keys: bf16 exactly, int8 / int4 dequantized with a warning.
+
+Every other experts class is refused with a reason (:func:`unsupported_reason`);
 gpt-oss (``GptOssExperts``) is refused: its gate/up columns are interleaved, its
 experts have biases and its activation is a clamped SwiGLU
 (``(clamp(up)+1) * g*sigmoid(1.702 g)``, ``g = clamp(gate, max=7)``), none of
@@ -37,7 +41,10 @@ which the KTMoE kernels compute.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,17 +60,28 @@ __all__ = [
     "ktmoe_experts_forward",
     "register_experts_implementation",
     "configure_experts_implementation",
+    "implementation_options",
+    "dense_experts",
+    "ENV_OPTIONS",
 ]
 
-# Experts classes of transformers 5.x validated against the KTMoE semantics
-# (fused [E,2I,H] gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU).
+# Experts classes of transformers 5.x validated against the KTMoE semantics (fused [E,2I,H]
+# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU): each generates the same
+# greedy tokens as its unpatched model on a tiny random config (tests/test_hf.py for the first five,
+# tests/test_hf_families.py for the others).
 SUPPORTED_EXPERTS_CLASSES = frozenset(
-    {"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts"}
+    {
+        "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
+        "Dots1Experts", "Ernie4_5_MoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "Glm4MoeExperts",
+        "Glm4MoeLiteExperts", "GraniteMoeExperts", "GraniteMoeSharedExperts", "HunYuanMoEV1Experts",
+        "JambaExperts", "LagunaExperts", "MiniMaxExperts", "MiniMaxM2Experts", "PhimoeExperts",
+        "Qwen3NextExperts", "SolarOpenExperts",
+    }
 )
 
 _KNOWN_REFUSALS = {
     "GptOssExperts": (
-        "gpt-oss experts store gate/up interleaved and transposed ([E, H, 2I], gate=cols 0::2, up=cols 1::2), "
+        "GptOssExperts: gpt-oss experts store gate/up interleaved and transposed ([E, H, 2I], gate=cols 0::2, up=cols 1::2), "
         "add per-expert biases and use a clamped SwiGLU ((clamp(up,-7,7)+1) * g*sigmoid(1.702*g), "
         "g=clamp(gate,max=7)); KTMoE computes down(silu(gate)*up) without biases, so it cannot run them exactly"
     ),
@@ -105,22 +123,23 @@ def experts_dims(module: nn.Module) -> tuple[int, int, int]:
 
 
 def unsupported_reason(module: nn.Module) -> str | None:
-    """None if ``module`` can be replaced by KTMoE exactly, else a sentence saying why not."""
+    """None if ``module`` can be replaced by KTMoE exactly, else a sentence saying why not.
+
+    Structural reasons (layout, bias, activation, gating) come first; a class that has
+    KTMoE's layout but is not in :data:`SUPPORTED_EXPERTS_CLASSES` is refused as not
+    validated (no generation test against its unpatched model yet).
+    """
     cls = type(module)
     name = cls.__name__
     if name in _KNOWN_REFUSALS:
         return _KNOWN_REFUSALS[name]
-    if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
-        return (
-            f"{cls.__module__}.{name} is not one of the experts classes validated for KTMoE "
-            f"({', '.join(sorted(SUPPORTED_EXPERTS_CLASSES))} from transformers.models)"
-        )
     gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(gu, torch.Tensor) or not isinstance(dn, torch.Tensor) or gu.dim() != 3 or dn.dim() != 3:
-        return f"{name} has no 3-D gate_up_proj/down_proj parameters (quantized or otherwise modified module?)"
+        return f"{name} has no 3-D gate_up_proj/down_proj parameters (per-expert modules, quantized or otherwise modified)"
     E, two_i, H = gu.shape
     if two_i % 2 or tuple(dn.shape) != (E, H, two_i // 2):
-        return f"{name}: unexpected shapes gate_up_proj {tuple(gu.shape)}, down_proj {tuple(dn.shape)}"
+        return (f"{name}: gate_up_proj {tuple(gu.shape)} / down_proj {tuple(dn.shape)} are not "
+                "[E, 2I, H] / [E, H, I] (transposed or differently fused experts)")
     flags = {
         "has_gate": True,
         "is_concatenated": True,
@@ -138,6 +157,11 @@ def unsupported_reason(module: nn.Module) -> str | None:
     apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
     if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
         return f"{name} overrides _apply_gate (custom gating)"
+    if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
+        return (
+            f"{cls.__module__}.{name} has KTMoE's layout but is not one of the experts classes validated "
+            "against their unpatched model (torch_ktmoe.hf.SUPPORTED_EXPERTS_CLASSES)"
+        )
     top_k = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
     if not isinstance(top_k, int) or top_k < 1:
         return f"{name}: cannot read num_experts_per_tok from its config"
@@ -174,7 +198,9 @@ class KTMoEExperts(nn.Module):
         self.top_k = top_k
         self.layer_idx = layer_idx
         self.replaced_class = replaced_class
+        self.dense_dtype: torch.dtype | None = None  # dtype of the replaced parameters (state_dict writes it)
         self.ktmoe = ktmoe
+        self.register_state_dict_post_hook(_dense_state_dict_hook)
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -191,22 +217,107 @@ class KTMoEExperts(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# state_dict / save_pretrained: the dense weights, unpacked on demand
+# ---------------------------------------------------------------------------------------------
+
+
+def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_proj [E, 2I, H], down_proj [E, H, I]) of a loaded KTMoE, unpacked.
+
+    bf16 experts come back exactly; int8 / int4 are dequantized (what the kernels
+    multiply, not the original weights) with a warning. ``dtype`` casts the result.
+    """
+    from ..unpack import unpack_experts
+
+    gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
+    if fmt != "bf16":
+        warnings.warn(
+            f"torch_ktmoe: writing {fmt} experts as dense weights: they are the dequantized {fmt} values, "
+            "not the original checkpoint's (a reload computes what the patched model computed)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if dtype is not None:
+        gate_up, down = gate_up.to(dtype), down.to(dtype)
+    return gate_up, down
+
+
+_UNPACK = {"enabled": True}
+
+
+@contextlib.contextmanager
+def unpacking_disabled():
+    """Within it, state_dict() of patched modules leaves the experts out (hf.save_packed: non-expert weights)."""
+    before = _UNPACK["enabled"]
+    _UNPACK["enabled"] = False
+    try:
+        yield
+    finally:
+        _UNPACK["enabled"] = before
+
+
+def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
+    # save_pretrained / state_dict() of a patched model: the replaced block's own keys, so the checkpoint
+    # reloads into the unpatched class (bf16 exact, int8/int4 dequantized with a warning).
+    ktm = module.ktmoe
+    if not _UNPACK["enabled"] or ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
+        return
+    gate_up, down = dense_experts(ktm, module.dense_dtype)
+    state_dict[prefix + "gate_up_proj"] = gate_up
+    state_dict[prefix + "down_proj"] = down
+
+
+# ---------------------------------------------------------------------------------------------
 # experts implementation "ktmoe"
 # ---------------------------------------------------------------------------------------------
 
-_IMPL_OPTIONS: dict = {"weight_format": "bf16", "mmap_experts_dir": None}
+_IMPL_OPTIONS: dict = {}  # set by configure_experts_implementation; else the KTMOE_* environment variables
 _IMPL_LAYER_IDS = itertools.count()
+ENV_OPTIONS = {  # environment variable -> KTMoE option, for the "ktmoe" experts implementation
+    "KTMOE_WEIGHT_FORMAT": "weight_format",
+    "KTMOE_MMAP_EXPERTS_DIR": "mmap_experts_dir",
+    "KTMOE_CACHE": "cache",
+    "KTMOE_KEEP_DENSE": "keep_dense",
+}
 
 
-def configure_experts_implementation(*, weight_format: str = "bf16", mmap_experts_dir=None, **ktmoe_kwargs) -> None:
-    """KTMoE constructor options used by the ``"ktmoe"`` experts implementation for modules packed from now on."""
+def configure_experts_implementation(*, weight_format: str = "bf16", mmap_experts_dir=None, keep_dense: bool = False,
+                                     **ktmoe_kwargs) -> None:
+    """KTMoE options of the ``"ktmoe"`` experts implementation, for modules packed from now on.
+
+    Overrides the environment variables (``KTMOE_WEIGHT_FORMAT``, ``KTMOE_MMAP_EXPERTS_DIR``,
+    ``KTMOE_CACHE``, ``KTMOE_KEEP_DENSE=1``). ``keep_dense=True`` keeps the dense parameters
+    after packing (so the model can switch back to ``"eager"``), at the cost of both copies.
+    """
     _IMPL_OPTIONS.clear()
-    _IMPL_OPTIONS.update(weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, **ktmoe_kwargs)
+    _IMPL_OPTIONS.update(weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, keep_dense=keep_dense,
+                         **ktmoe_kwargs)
+
+
+def implementation_options() -> dict:
+    """The options the next ``"ktmoe"`` packing uses: configure_experts_implementation's, else the environment's."""
+    if _IMPL_OPTIONS:
+        return dict(_IMPL_OPTIONS)
+    opts = {"weight_format": "bf16", "mmap_experts_dir": None, "keep_dense": False}
+    for var, key in ENV_OPTIONS.items():
+        value = os.environ.get(var)
+        if value:
+            opts[key] = value.strip().lower() in ("1", "true", "yes") if key == "keep_dense" else value
+    return opts
 
 
 @dataclass
 class _Packed:
     ktmoe: nn.Module
+
+
+def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
+    # the dense parameters were released after packing: state_dict / save_pretrained unpack them again
+    packed = module.__dict__.get("_ktmoe_packed")
+    if _UNPACK["enabled"] and packed is not None and module.gate_up_proj.numel() == 0:
+        gate_up, down = dense_experts(packed.ktmoe, module.gate_up_proj.dtype)
+        state_dict[prefix + "gate_up_proj"] = gate_up
+        state_dict[prefix + "down_proj"] = down
 
 
 @torch.compiler.disable
@@ -216,10 +327,21 @@ def _pack_experts_module(module: nn.Module) -> nn.Module:
     if reason is not None:
         raise UnsupportedExpertsError(f'experts_implementation="ktmoe": {reason}')
     E, H, I = experts_dims(module)
-    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS), **_IMPL_OPTIONS)
+    opts = implementation_options()
+    keep_dense = opts.pop("keep_dense")
+    if opts.get("mmap_experts_dir"):
+        os.makedirs(opts["mmap_experts_dir"], exist_ok=True)
+    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS), **opts)
     ktm.load_weights(module.gate_up_proj.detach(), module.down_proj.detach())
     # kept in __dict__, not as a submodule: not in state_dict(), not touched by .to()/save_pretrained
     module.__dict__["_ktmoe_packed"] = _Packed(ktm)
+    if not keep_dense:  # the packed copy replaces the dense one; state_dict() unpacks on demand
+        for p in (module.gate_up_proj, module.down_proj):
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        module.register_state_dict_post_hook(_freed_state_dict_hook)
+        from ..memory import release_free_heap
+
+        release_free_heap()
     return ktm
 
 
@@ -228,11 +350,17 @@ def ktmoe_experts_forward(
 ) -> torch.Tensor:
     """``ExpertsInterface`` entry ``"ktmoe"``: packs ``self``'s dense weights on the first call, then runs KTMoE.
 
-    The dense parameters stay (so the model can switch back to ``"eager"``/``"grouped_mm"``);
-    the packed copy is not refreshed if they change afterwards -- delete
-    ``module.__dict__["_ktmoe_packed"]`` to repack.
+    After packing, the dense parameters are released (their ``.data`` becomes empty;
+    ``state_dict()``/``save_pretrained`` unpack the experts again), so the model ends
+    with one, packed copy of its experts. Options: :func:`configure_experts_implementation`
+    or the ``KTMOE_*`` environment variables (:data:`ENV_OPTIONS`); with
+    ``keep_dense`` the dense parameters stay (the model can switch back to
+    ``"eager"``/``"grouped_mm"``) and the packed copy is not refreshed if they change
+    -- delete ``module.__dict__["_ktmoe_packed"]`` to repack.
     """
     packed = self.__dict__.get("_ktmoe_packed")
+    if packed is None and self.gate_up_proj.numel() == 0:
+        raise RuntimeError(f"{type(self).__name__}: its dense experts were released and it has no packed copy")
     ktm = packed.ktmoe if packed is not None else _pack_experts_module(self)
     return ktm(hidden_states, top_k_index, top_k_weights.to(torch.float32))
 

@@ -15,6 +15,9 @@
 //                  (v - t is exact). Group sums of q are exact int32.
 //   to_bf16:       round to nearest even on the integer bits (vcvtneps2bf16 would
 //                  flush denormals), NaN -> quiet NaN with sign and top payload kept.
+//   f16_to_f32 / f32_to_f16: vcvtph2ps (exact) / vcvtps2ph with round to nearest
+//                  even (overflow -> inf, denormals kept, NaN quiet), the rules of
+//                  the generic f16_scalar.h, for the activations of fp16 models.
 #include <immintrin.h>
 
 #include "kernels/avx512/avx512_common.h"
@@ -120,6 +123,22 @@ void to_bf16(const float* x, uint16_t* y, int64_t n) {
     const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
     const __m512i r = _mm512_mask_mov_epi32(rne, nan, quiet);
     _mm256_mask_storeu_epi16(y + i, mk, _mm512_cvtepi32_epi16(r));
+  }
+}
+
+// y[i] = fp32(x[i]) (x fp16 bits), i < n.
+void f16_to_f32(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mk = first_lanes(n - i);
+    _mm512_mask_storeu_ps(y + i, mk, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, x + i)));
+  }
+}
+
+// y[i] = fp16(x[i]), round to nearest even, i < n.
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mk = first_lanes(n - i);
+    _mm256_mask_storeu_epi16(y + i, mk, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mk, x + i), _MM_FROUND_TO_NEAREST_INT));
   }
 }
 

@@ -4,12 +4,15 @@
 //                  q = round-half-away-from-zero(x / scale) in [-127, 127], zero
 //                  padding to kp, and the int32 sums of q per group of columns.
 //   to_bf16        fp32 -> bf16, round-to-nearest-even, NaN stays (quiet) NaN.
+//   f16_to_f32     fp16 -> fp32 (exact), f32_to_f16 fp32 -> fp16 (RNE): the
+//                  activation prep and output of fp16 models (f16_scalar.h).
 // Round-half-away is done as trunc + exact fraction test (v - trunc(v) is exact
 // in fp32), which is the same as std::round but vectorizes with SSE2.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/generic/bf16_scalar.h"
+#include "kernels/generic/f16_scalar.h"
 #include "kernels/generic/generic_kernels.h"
 
 namespace ktmoe {
@@ -51,6 +54,16 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp
 // x: fp32 [n]; y: bf16 [n].
 void to_bf16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16_rne(x[i]);
+}
+
+// x: fp16 [n]; y: fp32 [n].
+void f16_to_f32(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ktmoe::f16_to_f32(x[i]);
+}
+
+// x: fp32 [n]; y: fp16 [n].
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16_rne(x[i]);
 }
 
 }  // namespace generic

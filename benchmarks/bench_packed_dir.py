@@ -1,0 +1,97 @@
+"""Time to ready: a packed model directory (hf.save_packed) against streaming + packing the checkpoint.
+
+``python -m benchmarks.bench_packed_dir [--format bf16] [--reps 3] [--layers 8 ...]`` builds the demo's random
+Qwen3-MoE checkpoint, packs it once into a packed directory (``hf.save_packed``), then alternates, each
+run in a fresh child process: ``hf.from_pretrained(checkpoint)`` (stream + pack into anonymous memory,
+what a serving host without the directory does) and ``hf.from_pretrained(packed_dir)`` (maps the
+experts). Load = ``from_pretrained``; ready = load + one forward (32 tokens), which also faults the
+mapped experts in; the model class import is done before the clock starts in both. Prints median and
+min of each and their ratios, and checks the logits are
+bit-identical. Page cache is warm (the checkpoint and the directory were just written).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run_child(args) -> None:
+    import torch
+    import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401  (import excluded from the clock)
+
+    import torch_ktmoe.hf as hf
+
+    prompt = torch.arange(1, 33)[None]
+    t0 = time.perf_counter()
+    kw = {} if args.target == "packed" else dict(weight_format=args.format)
+    model = hf.from_pretrained(args.checkpoint, dtype=torch.bfloat16, progress=False, **kw)
+    loaded = time.perf_counter() - t0
+    with torch.no_grad():
+        out = model(prompt).logits
+    ready = time.perf_counter() - t0
+    torch.save(out, args.result + ".pt")
+    with open(args.result, "w") as f:
+        json.dump(dict(load_s=loaded, ready_s=ready), f)
+
+
+def main(argv=None) -> int:
+    from torch_ktmoe.demo import add_demo_arguments, build_checkpoint
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_arguments(ap)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--target", choices=["checkpoint", "packed"], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.target:
+        run_child(args)
+        return 0
+    import torch
+
+    import torch_ktmoe.hf as hf
+
+    work = tempfile.mkdtemp(prefix="ktmoe_packed_dir_", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
+    try:
+        ckpt, packed = os.path.join(work, "checkpoint"), os.path.join(work, "packed")
+        build_checkpoint(args, ckpt)
+        t0 = time.perf_counter()
+        hf.save_packed(hf.from_pretrained(ckpt, dtype=torch.bfloat16, weight_format=args.format, progress=False), packed)
+        print(f"hf.save_packed: {time.perf_counter() - t0:.2f} s (stream + pack + write)")
+        times = {(t, m): [] for t in ("checkpoint", "packed") for m in ("load_s", "ready_s")}
+        outs = {}
+        for _ in range(args.reps):
+            for target, path in (("checkpoint", ckpt), ("packed", packed)):
+                result = os.path.join(work, f"{target}.json")
+                cmd = [sys.executable, "-m", "benchmarks.bench_packed_dir", "--target", target, "--checkpoint", path,
+                       "--format", args.format, "--result", result]
+                if subprocess.run(cmd, stderr=subprocess.DEVNULL).returncode != 0:
+                    print(f"{target}: child failed", file=sys.stderr)
+                    return 1
+                with open(result) as f:
+                    r = json.load(f)
+                for m in ("load_s", "ready_s"):
+                    times[(target, m)].append(r[m])
+                outs[target] = torch.load(result + ".pt")
+        med = {k: statistics.median(v) for k, v in times.items()}
+        low = {k: min(v) for k, v in times.items()}
+        print(f"\nweight format {args.format}, {args.reps} alternating runs each, fresh process per run\n")
+        print("| from_pretrained of | load, median / min | load + 1st forward, median / min |")
+        print("| --- | ---: | ---: |")
+        for target, label in (("checkpoint", "the checkpoint: stream + pack"), ("packed", "the packed dir: map")):
+            print(f"| {label} | {med[(target, 'load_s')]:.2f} / {low[(target, 'load_s')]:.2f} s | "
+                  f"{med[(target, 'ready_s')]:.2f} / {low[(target, 'ready_s')]:.2f} s |")
+        for m, label in (("load_s", "load"), ("ready_s", "load + 1st forward")):
+            print(f"ratio checkpoint / packed dir, {label}: median {med[('checkpoint', m)] / med[('packed', m)]:.1f}x, "
+                  f"min {low[('checkpoint', m)] / low[('packed', m)]:.1f}x (target >= 10x)")
+        print(f"bit-identical logits: {torch.equal(outs['checkpoint'], outs['packed'])}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""A packed model directory: a self-contained checkpoint whose experts are already packed.
+
+``save_packed(model, DIR)`` (``torch_ktmoe.hf.save_packed``) writes, for a model patched by
+``torch_ktmoe.hf`` (``patch_model`` or ``from_pretrained``)::
+
+    DIR/config.json, generation_config.json    transformers' own files
+    DIR/model.safetensors (or shards)           the non-expert weights (save_pretrained)
+    DIR/experts/layer{idx:04d}.part{p}.ktmoe    the packed experts: KTMoE cache files
+    DIR/ktmoe_packed.json                       the manifest (below)
+
+``torch_ktmoe.hf.from_pretrained(DIR)`` sees the manifest, lets transformers load the
+non-expert weights and maps every experts layer read-only from ``DIR/experts`` through
+``KTMoE.try_load_cached`` -- nothing is read from the original checkpoint and nothing is
+packed, so the logits are bit-identical to the saved model's. A missing or invalid
+expert file is an error that names it (the directory is not a cache to rebuild: the
+dense weights are not in it).
+
+The expert files are KTMoE's persistent cache files, written and validated through
+KTMoE's public behaviour: a layer whose experts already live in valid cache files
+(``mmap_experts_dir`` with ``cache="reuse"``/``"rebuild"``) has its files copied; any
+other layer is packed again from its unpacked experts into ``DIR/experts`` with
+``cache="rebuild"`` and the result must equal the live packed bytes (always so for bf16;
+int8 / int4 re-quantization of dequantized values is checked, and a mismatch raises).
+
+Manifest ``ktmoe_packed.json``: ``{"format": "torch_ktmoe.packed_dir", "version": 1,
+"experts_dir": "experts", "layers": [{"module", "layer_idx", "class_name", "num_experts",
+"top_k", "hidden_size", "intermediate_size", "weight_format", "group_size", "numa_parts",
+"dense_dtype", "fingerprint", "files"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+
+import torch
+import torch.nn as nn
+
+MANIFEST = "ktmoe_packed.json"
+FORMAT = "torch_ktmoe.packed_dir"
+VERSION = 1
+EXPERTS_DIR = "experts"
+
+
+class PackedDirError(RuntimeError):
+    """A packed model directory that cannot be written or loaded (the message says why)."""
+
+
+def is_packed_dir(path) -> bool:
+    return os.path.isfile(os.path.join(os.fspath(path), MANIFEST))
+
+
+def read_manifest(path) -> dict:
+    with open(os.path.join(os.fspath(path), MANIFEST)) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise PackedDirError(f"{path}/{MANIFEST}: not a {FORMAT} version {VERSION} manifest "
+                             f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})")
+    return manifest
+
+
+def _file_names(ktm) -> list[str]:
+    return [f"layer{ktm.layer_idx:04d}.part{p}.ktmoe" for p in range(ktm.numa_parts)]
+
+
+def _is_valid_cache(ktm) -> bool:
+    stats = ktm.arena_stats()
+    return (ktm.mmap_experts_dir is not None and ktm.cache != "off" and ktm.cache_fingerprint is not None
+            and all(s["anon_bytes"] == 0 and s["file_backed_bytes"] > 0 for s in stats)
+            and all(os.path.isfile(os.path.join(ktm.mmap_experts_dir, n)) for n in _file_names(ktm)))
+
+
+def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
+    """Puts ``ktm``'s packed experts as cache files in ``experts_dir``; returns their fingerprint."""
+    if _is_valid_cache(ktm):
+        for name in _file_names(ktm):
+            tmp = os.path.join(experts_dir, name + f".tmp.{os.getpid()}")
+            shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), tmp)
+            os.replace(tmp, os.path.join(experts_dir, name))
+        return ktm.cache_fingerprint
+    from .integrations.transformers_experts import dense_experts
+    from .layer import KTMoE
+
+    fingerprint = f"torch_ktmoe.save_packed:{uuid.uuid4().hex}"
+    gate_up, down = dense_experts(ktm) if ktm.weight_format == "bf16" else _quiet_dense(ktm)
+    copy = KTMoE(ktm.num_experts, ktm.top_k, ktm.hidden_size, ktm.intermediate_size,
+                 weight_format=ktm.weight_format, mmap_experts_dir=experts_dir, layer_idx=ktm.layer_idx,
+                 numa_parts=ktm.numa_parts, group_size=ktm.group_size, cache="rebuild")
+    copy.load_weights(gate_up, down, fingerprint=fingerprint)
+    for (a13, a2), (b13, b2) in zip(ktm.packed_tensors(), copy.packed_tensors()):
+        if not (torch.equal(a13, b13) and torch.equal(a2, b2)):
+            raise PackedDirError(
+                f"save_packed: {where}: repacking the dequantized {ktm.weight_format} experts does not give the "
+                "same bytes; load the model with mmap_experts_dir= (cache files are then copied as they are)")
+    if copy.file_backed_bytes != copy.packed_bytes:
+        raise PackedDirError(f"save_packed: {where}: could not write the experts as files in {experts_dir} "
+                             f"({copy.arena_stats()})")
+    return fingerprint
+
+
+def _quiet_dense(ktm):
+    import warnings
+
+    from .integrations.transformers_experts import dense_experts
+
+    with warnings.catch_warnings():  # the dequantization warning is about checkpoints, not this repack
+        warnings.simplefilter("ignore")
+        return dense_experts(ktm)
+
+
+def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
+    """Write ``model`` (patched by torch_ktmoe.hf) as a packed model directory; returns the manifest."""
+    from .integrations.transformers_experts import KTMoEExperts, unpacking_disabled
+
+    directory = os.fspath(directory)
+    adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, KTMoEExperts)]
+    if not adapters:
+        raise PackedDirError(f"save_packed: {type(model).__name__} has no KTMoE experts; patch it first "
+                             "(torch_ktmoe.hf.patch_model / from_pretrained)")
+    refused = getattr(getattr(model, "ktmoe_report", None), "refused", None)
+    if refused:
+        raise PackedDirError(f"save_packed: {len(refused)} experts block(s) were left dense "
+                             f"({', '.join(r.class_name for r in refused)}); a packed directory holds every expert packed")
+    experts_dir = os.path.join(directory, EXPERTS_DIR)
+    os.makedirs(experts_dir, exist_ok=True)
+    layers = []
+    for name, adapter in adapters:
+        ktm = adapter.ktmoe
+        if ktm is None or not ktm.loaded:
+            raise PackedDirError(f"save_packed: {name} has no loaded experts")
+        fingerprint = _write_layer_files(ktm, experts_dir, name)
+        layers.append(dict(module=name, layer_idx=ktm.layer_idx, class_name=adapter.replaced_class,
+                           num_experts=ktm.num_experts, top_k=ktm.top_k, hidden_size=ktm.hidden_size,
+                           intermediate_size=ktm.intermediate_size, weight_format=ktm.weight_format,
+                           group_size=ktm.group_size, numa_parts=ktm.numa_parts,
+                           dense_dtype=str(adapter.dense_dtype).removeprefix("torch."),
+                           fingerprint=fingerprint, files=_file_names(ktm)))
+    with unpacking_disabled():  # the non-expert weights only
+        state_dict = model.state_dict()
+    model.save_pretrained(directory, state_dict=state_dict, max_shard_size=max_shard_size)
+    manifest = dict(format=FORMAT, version=VERSION, experts_dir=EXPERTS_DIR, layers=layers)
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, os.path.join(directory, MANIFEST))  # last: a directory with a manifest is complete
+    return manifest
+
+
+def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
+    """The KTMoE of one manifest entry, mapped from the directory's files (raises if any is invalid)."""
+    from .layer import KTMoE
+
+    for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
+        if key in ktmoe_kwargs:
+            raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
+    ktm = KTMoE(entry["num_experts"], entry["top_k"], entry["hidden_size"], entry["intermediate_size"],
+                weight_format=entry["weight_format"], layer_idx=entry["layer_idx"],
+                mmap_experts_dir=os.path.join(path, experts_dir), numa_parts=entry["numa_parts"],
+                group_size=entry["group_size"],
+                cache="reuse", **ktmoe_kwargs)
+    if not ktm.try_load_cached(entry["fingerprint"]):
+        reasons = "; ".join(f"{e['name']}: {e['reason']}" for e in ktm.cache_events if not e["hit"])
+        raise PackedDirError(f"from_pretrained({path}): {entry['module']}: the packed expert files are missing or "
+                             f"invalid ({reasons or 'not found'})")
+    return ktm
+
+
