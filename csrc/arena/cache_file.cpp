@@ -1,12 +1,16 @@
 // [NOTE] Cache file header: build, checksum, read and validate (see cache_file.h).
 #include "arena/cache_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+
+#include "common/posix_text.h"
 
 namespace ktmoe {
 namespace {
@@ -34,7 +38,8 @@ std::string mismatch(const char* what, int64_t have, int64_t want) {
 
 }  // namespace
 
-CacheHeader make_cache_header(const CacheKey& key, const int64_t offsets[kCacheTensors], int64_t file_bytes) {
+CacheHeader make_cache_header(const CacheKey& key, const int64_t offsets[kCacheTensors],
+                              const uint32_t checksums[kCacheTensors], int64_t file_bytes) {
   if (int64_t(key.fingerprint.size()) > kMaxFingerprintBytes)
     throw std::invalid_argument("cache fingerprint longer than " + std::to_string(kMaxFingerprintBytes) + " bytes");
   if (key.weight_format.size() >= sizeof(CacheHeader::weight_format))
@@ -54,7 +59,7 @@ CacheHeader make_cache_header(const CacheKey& key, const int64_t offsets[kCacheT
   h.inter_lo = key.inter_lo;
   h.inter_hi = key.inter_hi;
   h.file_bytes = file_bytes;
-  for (int t = 0; t < kCacheTensors; ++t) h.tensors[t] = {offsets[t], key.rows[t], key.cols[t]};
+  for (int t = 0; t < kCacheTensors; ++t) h.tensors[t] = {offsets[t], key.rows[t], key.cols[t], checksums[t], 0};
   std::memcpy(h.layout_note, kLayoutNote, sizeof(kLayoutNote));
   h.fingerprint_len = uint32_t(key.fingerprint.size());
   std::memcpy(h.fingerprint, key.fingerprint.data(), key.fingerprint.size());
@@ -73,8 +78,10 @@ std::string check_cache_header(const CacheHeader& h, int64_t actual_file_bytes) 
     return "truncated: file has " + std::to_string(actual_file_bytes) + " bytes, header says " +
            std::to_string(h.file_bytes);
   for (const CacheTensorEntry& t : h.tensors) {
+    int64_t bytes = 0, end = 0;  // checked arithmetic: forged sizes must not wrap
     if (t.offset < kCacheHeaderBytes || t.rows <= 0 || t.cols <= 0 || t.offset % (int64_t(2) << 20) != 0 ||
-        t.offset + t.rows * t.cols > h.file_bytes)
+        __builtin_mul_overflow(t.rows, t.cols, &bytes) || __builtin_add_overflow(t.offset, bytes, &end) ||
+        end > h.file_bytes)
       return "corrupt: tensor range outside the file";
   }
   return "";
@@ -104,9 +111,57 @@ std::string validate_cache_header(const CacheHeader& h, int64_t actual_file_byte
   return "";
 }
 
+CacheKey cache_key_of(const CacheHeader& h) {
+  CacheKey key;
+  key.weight_format = str_field(h.weight_format, sizeof(h.weight_format));
+  key.group_size = h.group_size;
+  key.experts = h.experts;
+  key.hidden = h.hidden;
+  key.inter = h.inter;
+  key.inter_lo = h.inter_lo;
+  key.inter_hi = h.inter_hi;
+  key.numa_part = h.numa_part;
+  key.packed_version = h.packed_version;
+  for (int t = 0; t < kCacheTensors; ++t) {
+    key.rows[t] = h.tensors[t].rows;
+    key.cols[t] = h.tensors[t].cols;
+  }
+  key.fingerprint.assign(h.fingerprint, std::min<uint32_t>(h.fingerprint_len, kMaxFingerprintBytes));
+  return key;
+}
+
+int open_regular_file(const std::string& path, std::string* error) {
+  // O_NOFOLLOW: a planted symlink is refused (ELOOP); O_NONBLOCK: a FIFO does not
+  // wait for a writer. Then only a regular file is accepted.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) *error = "missing";
+    else if (errno == ELOOP) *error = "not a regular file: '" + path + "' is a symlink (not followed)";
+    else *error = errno_text("unreadable: open '" + path + "'");
+    return -1;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *error = "not a regular file: '" + path + "'";
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string check_trusted(const struct stat& st, const std::string& what, bool trust_others) {
+  if (trust_others) return "";
+  if (st.st_uid != ::geteuid())
+    return "untrusted: " + what + " is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
+           std::to_string(::geteuid()) + "); pass cache_trust_others=True to accept it";
+  if (st.st_mode & S_IWOTH)
+    return "untrusted: " + what + " is writable by others; pass cache_trust_others=True to accept it";
+  return "";
+}
+
 std::string read_cache_header(int fd, CacheHeader* h, int64_t* file_bytes) {
   struct stat st;
-  if (fstat(fd, &st) != 0) return std::string("unreadable: fstat: ") + std::strerror(errno);
+  if (fstat(fd, &st) != 0) return errno_text("unreadable: fstat");
   *file_bytes = st.st_size;
   if (st.st_size < kCacheHeaderBytes)
     return "truncated: " + std::to_string(st.st_size) + " bytes, shorter than the header";
@@ -115,7 +170,8 @@ std::string read_cache_header(int fd, CacheHeader* h, int64_t* file_bytes) {
   while (got < kCacheHeaderBytes) {
     const ssize_t n = ::pread(fd, p + got, size_t(kCacheHeaderBytes - got), got);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::string("unreadable: pread: ") + (n < 0 ? std::strerror(errno) : "short read");
+    if (n < 0) return errno_text("unreadable: pread");
+    if (n == 0) return "unreadable: pread: short read";
     got += n;
   }
   return "";

@@ -9,10 +9,12 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <new>
 
 #include "arena/numa_first_touch.h"
+#include "common/posix_text.h"
 
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
@@ -23,10 +25,6 @@
 
 namespace ktmoe {
 namespace {
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-
-int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Why a name cannot be a file name under dir ("" if it can).
 std::string check_name(const std::string& name) {
@@ -57,6 +55,8 @@ std::string check_dir(const std::string& dir) {
 struct ProcessTotals {
   std::mutex mutex;
   ProcessArenaStats stats;
+  int64_t next_id = 0;
+  std::vector<std::weak_ptr<KtWeightArena>> arenas;  // creation order
 };
 ProcessTotals& totals() {
   static ProcessTotals* t = new ProcessTotals();  // never destroyed: arenas may outlive statics
@@ -69,28 +69,63 @@ std::shared_ptr<KtWeightArena> KtWeightArena::open(const std::string& dir, const
                                                    const ArenaOptions& options) {
   std::shared_ptr<KtWeightArena> arena(new KtWeightArena(dir, name, options));
   if (!dir.empty()) arena->open_file();
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  auto& list = totals().arenas;
+  list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
+  list.push_back(arena);
   return arena;
+}
+
+std::vector<std::shared_ptr<KtWeightArena>> KtWeightArena::live() {
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  std::vector<std::shared_ptr<KtWeightArena>> out;
+  for (const auto& w : totals().arenas)
+    if (auto a = w.lock()) out.push_back(std::move(a));
+  return out;
 }
 
 KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptions& options)
     : dir_(std::move(dir)), name_(std::move(name)), options_(options) {
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas += 1;
+  id_ = totals().next_id++;
 }
 
 void KtWeightArena::open_file() {
   open_error_ = check_name(name_);
   if (open_error_.empty()) open_error_ = check_dir(dir_);
-  if (!open_error_.empty() || options_.persistent) return;
+  if (!open_error_.empty()) return;
+  if (options_.persistent) {
+    struct stat st;
+    if (::stat(dir_.c_str(), &st) == 0)
+      cache_refusal_ = check_trusted(st, "directory '" + dir_ + "'", options_.trust_others);
+    if (cache_refusal_.empty()) return;  // the file comes from begin_build() / open_cached()
+  }
+  open_unnamed_file();
+}
+
+void KtWeightArena::open_unnamed_file() {
   // An unnamed file (O_TMPFILE) needs no unlink; where the filesystem lacks it,
   // create the named file and unlink it at once.
   fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd_ < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
     const std::string path = dir_ + "/" + name_ + ".ktmoe." + std::to_string(getpid());
-    fd_ = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    fd_ = ::open(path.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_CLOEXEC, 0600);
     if (fd_ >= 0) ::unlink(path.c_str());
   }
-  if (fd_ < 0) open_error_ = errno_text(("cannot create a file in '" + dir_ + "'").c_str());
+  if (fd_ < 0) open_error_ = errno_text("cannot create a file in '" + dir_ + "'");
+}
+
+void KtWeightArena::refuse_cache(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!cache_refusal_.empty() || anonymous_mode()) return;
+  cache_refusal_ = reason;
+  if (fd_ < 0 && open_error_.empty() && slices_.empty()) open_unnamed_file();
+}
+
+std::string KtWeightArena::cache_refusal() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cache_refusal_;
 }
 
 KtWeightArena::~KtWeightArena() {
@@ -121,7 +156,7 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
     if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
     return nullptr;
   }
-  void* addr = map_range(fd_, offset, bytes, /*writable=*/true, error);
+  void* addr = map_range(fd_, offset, bytes, Mapping::kShared, error);
   if (!addr) {
     if (::ftruncate(fd_, offset) != 0) {}
     return nullptr;
@@ -131,7 +166,7 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
   return addr;
 }
 
-void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error) {
+void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, Mapping mapping, std::string* error) {
   // Map at a 2 MiB-aligned address so large folios can map a PMD at a time.
   void* reserve = ::mmap(nullptr, bytes + kSliceAlign, PROT_NONE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -141,10 +176,10 @@ void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, bool writa
   }
   const auto base = reinterpret_cast<uintptr_t>(reserve);
   const uintptr_t aligned = (base + kSliceAlign - 1) & ~uintptr_t(kSliceAlign - 1);
-  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | (writable ? PROT_WRITE : 0),
-                      MAP_SHARED | MAP_FIXED, fd, offset);
+  const int share = mapping == Mapping::kShared ? MAP_SHARED : MAP_PRIVATE;
+  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE, share | MAP_FIXED, fd, offset);
   if (addr == MAP_FAILED) {
-    *error = errno_text("mmap (MAP_SHARED)");
+    *error = errno_text(mapping == Mapping::kShared ? "mmap (MAP_SHARED)" : "mmap (MAP_PRIVATE)");
     ::munmap(reserve, bytes + kSliceAlign);
     return nullptr;
   }

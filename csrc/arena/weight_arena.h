@@ -22,22 +22,35 @@
 //
 // Persistence (weight_arena_cache.cpp), with options.persistent: no unnamed
 // file at open; instead begin_build() creates `<dir>/<name>.ktmoe.tmp.<pid>`,
-// allocations go into it, and commit_build() writes the cache header last,
-// fsyncs, renames it to `<name>.ktmoe` and fsyncs the directory (abort_build()
-// or the destructor remove an uncommitted temp file). open_cached() instead
-// validates an existing `<name>.ktmoe` against a CacheKey and maps its tensors
-// read-only. Locking between processes is the caller's (flock on the .lock).
+// allocations go into it, and commit_build() writes the cache header last
+// (with a checksum of each tensor's data), fsyncs, renames it to
+// `<name>.ktmoe` and fsyncs the directory (abort_build() or the destructor
+// remove an uncommitted temp file). open_cached() instead validates an existing
+// `<name>.ktmoe` against a CacheKey (plus the caller's check of the mapped
+// contents, and the data checksums on request) and maps its tensors. Locking
+// between processes is the caller's (CacheLock, cache_lock.h).
+// Trust: a persistent arena never follows a symlink or opens a non-regular
+// file, and refuses a directory or cache file owned by another user or writable
+// by others (unless options.trust_others); a refused directory, or
+// refuse_cache(reason), turns the arena into an unnamed-file arena: still
+// file-backed, nothing kept, every cache call answers with the reason.
+// Kept files are mapped MAP_PRIVATE, PROT_READ|PROT_WRITE: reads share the
+// clean page cache, a write into a tensor copies that page privately (it
+// becomes anonymous memory) and never reaches the file. Truncating the file
+// under a live mapping makes reads past the new end raise SIGBUS (mmap's rule).
 //
 // Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
 // (drop the file's pages from memory), prefault() (warm the file, optionally
 // on one background I/O thread that the destructor stops and joins).
 //
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
-// Tensors that view arena memory hold a shared_ptr to it (ops layer).
+// Tensors that view arena memory hold a shared_ptr to it (ops layer). live()
+// lists the arenas still alive (memory_report), without keeping any.
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +58,7 @@
 #include <vector>
 
 #include "arena/cache_file.h"
+#include "common/parallel_for.h"
 
 namespace ktmoe {
 
@@ -66,6 +80,7 @@ struct ArenaOptions {
   bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices
   int numa_node = -1;      // first-touch node; -1: none
   bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
+  bool trust_others = false; // accept cache files/dirs of other users or writable by others
 };
 
 // Bytes of the file at `path` in the page cache (mincore over a read-only map);
@@ -125,13 +140,25 @@ class KtWeightArena {
   // the temp file cannot be made (allocations then fall back with that reason).
   bool begin_build(std::string* error);
   // Writes the header for the two tensors at `tensors` (w13, w2; both must be in
-  // the file), fsyncs, renames over the final name, fsyncs the directory. The
-  // slices become read-only. False with *error (the temp file is removed).
-  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors], std::string* error);
+  // the file) with their data checksums, fsyncs, renames over the final name,
+  // fsyncs the directory. The slices become private copy-on-write mappings of
+  // the kept file. False with *error (the temp file is removed).
+  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors],
+                    const ParallelFor& parallel_for, std::string* error);
   void abort_build();  // removes an uncommitted temp file; no-op otherwise
-  // "" and tensors[] set when `<dir>/<name>.ktmoe` is valid for `expect` (mapped
-  // PROT_READ, MAP_SHARED); else why not ("missing", "stale: ...", ...).
-  std::string open_cached(const CacheKey& expect, void* tensors[kCacheTensors]);
+  // Checks the mapped tensors' contents (the caller's format); "" or why not.
+  using ContentCheck = std::function<std::string(void* const tensors[kCacheTensors])>;
+  // "" and tensors[] set when `<dir>/<name>.ktmoe` is a trusted regular file
+  // valid for `expect`, `check` accepts its contents and, with verify_data,
+  // every tensor's data checksum matches; else why not ("missing", "stale: ...",
+  // "corrupt: ...", "untrusted: ...", "not a regular file: ..."), nothing mapped.
+  std::string open_cached(const CacheKey& expect, const ContentCheck& check, bool verify_data,
+                          const ParallelFor& parallel_for, void* tensors[kCacheTensors]);
+  // Gives up the cache for this arena (e.g. its lock path is a planted symlink):
+  // allocations go to an unnamed file; later cache calls answer `reason`.
+  void refuse_cache(const std::string& reason);
+  // Why this arena keeps and maps no cache file ("" if it may).
+  std::string cache_refusal() const;
   bool read_only() const { return read_only_; }
 
   // Reason of the first fallback, once; empty afterwards or if none.
@@ -146,13 +173,19 @@ class KtWeightArena {
   ArenaStats stats() const;
 
   static ProcessArenaStats process_stats();
+  // Every live arena, oldest first (a weak list: it keeps none alive).
+  static std::vector<std::shared_ptr<KtWeightArena>> live();
+  int64_t id() const { return id_; }  // creation order in this process
 
  private:
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
+  void open_unnamed_file();
   void* map_slice(int64_t n, std::string* error);
-  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the slice.
-  void* map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error);
+  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the
+  // slice: kShared (read-write, writes reach the file) or kPrivate (copy on write).
+  enum class Mapping { kShared, kPrivate };
+  void* map_range(int fd, int64_t offset, int64_t bytes, Mapping mapping, std::string* error);
   void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
   int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
   void* alloc_anonymous(int64_t n);
@@ -173,10 +206,12 @@ class KtWeightArena {
 
   const std::string dir_, name_;
   const ArenaOptions options_;
+  int64_t id_ = 0;
   int fd_ = -1;
   std::string tmp_path_;   // persistent build in progress: the temp file's path
   bool read_only_ = false; // fd_ opened O_RDONLY (open_cached)
   std::string open_error_;
+  std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)
   int64_t file_size_ = 0;
   mutable std::mutex mutex_;
   std::vector<Slice> slices_;

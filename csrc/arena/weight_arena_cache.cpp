@@ -2,33 +2,34 @@
 //
 // Build:  begin_build()  creates `<dir>/<name>.ktmoe.tmp.<pid>` and reserves the
 //         header page; allocations then land in 2 MiB-aligned slices from 2 MiB on.
-//         commit_build() writes the header LAST, fsyncs the file, renames it over
-//         `<name>.ktmoe` (atomic: a reader sees the old file or the complete new
-//         one) and fsyncs the directory so the rename survives a crash. Slices are
-//         made read-only afterwards. abort_build() / the destructor unlink a temp
-//         file that was never committed.
-// Reuse:  open_cached() opens `<name>.ktmoe` O_RDONLY, validates the header
-//         against the caller's CacheKey and the file size (cache_file.h), and maps
-//         each tensor PROT_READ, MAP_SHARED. Nothing is written; the pages are clean
-//         page cache from the first fault on.
+//         commit_build() checksums each tensor's data, writes the header LAST,
+//         fsyncs the file, renames it over `<name>.ktmoe` (atomic: a reader sees
+//         the old file or the complete new one) and fsyncs the directory so the
+//         rename survives a crash. The slices are then remapped private
+//         copy-on-write at the same addresses (tensors keep their pointers; a
+//         write stays in this process). abort_build() / the destructor unlink a
+//         temp file that was never committed.
+// Reuse:  open_cached() opens `<name>.ktmoe` without following symlinks or
+//         blocking, requires a regular file this user owns and others cannot
+//         write, validates the header against the caller's CacheKey and the file
+//         size (cache_file.h), maps each tensor MAP_PRIVATE, runs the caller's
+//         content check (the ops layer: every packed expert header) and, with
+//         verify_data, compares every tensor's data checksum. Nothing is written;
+//         the pages are clean page cache from the first fault on.
 // The flock that serialises validate-or-build between processes is the caller's.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "arena/weight_arena.h"
+#include "common/data_checksum.h"
+#include "common/posix_text.h"
 
 namespace ktmoe {
-namespace {
-
-std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-}  // namespace
 
 bool KtWeightArena::begin_build(std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -36,8 +37,8 @@ bool KtWeightArena::begin_build(std::string* error) {
     *error = "begin_build: arena '" + name_ + "' is not persistent";
     return false;
   }
-  if (!open_error_.empty()) {
-    *error = open_error_;
+  if (!open_error_.empty() || !cache_refusal_.empty()) {
+    *error = !open_error_.empty() ? open_error_ : cache_refusal_;
     return false;
   }
   if (fd_ >= 0 || !slices_.empty()) {
@@ -46,7 +47,7 @@ bool KtWeightArena::begin_build(std::string* error) {
   }
   const std::string tmp = cache_tmp_path(dir_, name_);
   ::unlink(tmp.c_str());  // a leftover of a crashed process that had our pid
-  int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = errno_text("cannot create '" + tmp + "'");
   } else if (int rc = ::posix_fallocate(fd, 0, kCacheHeaderBytes); rc != 0) {
@@ -67,7 +68,7 @@ bool KtWeightArena::begin_build(std::string* error) {
 }
 
 bool KtWeightArena::commit_build(const CacheKey& key, const void* const tensors[kCacheTensors],
-                                 std::string* error) {
+                                 const ParallelFor& parallel_for, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (fd_ < 0 || tmp_path_.empty()) {
     *error = "commit_build: no build in progress for arena '" + name_ + "'";
@@ -80,13 +81,15 @@ bool KtWeightArena::commit_build(const CacheKey& key, const void* const tensors[
     return false;
   };
   int64_t offsets[kCacheTensors];
+  uint32_t checksums[kCacheTensors];
   for (int t = 0; t < kCacheTensors; ++t) {
     offsets[t] = file_offset_locked(tensors[t]);
     if (offsets[t] < 0) return fail("packed tensor " + std::to_string(t) + " is not in the file (anonymous fallback)");
+    checksums[t] = data_checksum(tensors[t], key.rows[t] * key.cols[t], parallel_for);
   }
   CacheHeader h;
   try {
-    h = make_cache_header(key, offsets, file_size_);
+    h = make_cache_header(key, offsets, checksums, file_size_);
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -104,8 +107,15 @@ bool KtWeightArena::commit_build(const CacheKey& key, const void* const tensors[
     return false;  // the file is in place; only its durability across a crash is in doubt
   }
   ::close(dir_fd);
-  for (const Slice& s : slices_)
-    if (s.mapped) ::mprotect(s.addr, s.bytes, PROT_READ);
+  // The data is in the file and the page cache: the same bytes, mapped private.
+  for (Slice& s : slices_) {
+    if (!s.mapped) continue;
+    if (::mmap(s.addr, s.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd_, s.offset) == MAP_FAILED)
+      ::mprotect(s.addr, s.bytes, PROT_READ);  // never seen; keeps the file safe from writes at worst
+    ::madvise(s.addr, s.bytes, MADV_RANDOM);
+    if (options_.hugepage) ::madvise(s.addr, s.bytes, MADV_HUGEPAGE);
+  }
+  read_only_ = true;
   return true;
 }
 
@@ -116,23 +126,33 @@ void KtWeightArena::abort_build() {
   tmp_path_.clear();
 }
 
-std::string KtWeightArena::open_cached(const CacheKey& expect, void* tensors[kCacheTensors]) {
+std::string KtWeightArena::open_cached(const CacheKey& expect, const ContentCheck& check, bool verify_data,
+                                       const ParallelFor& parallel_for, void* tensors[kCacheTensors]) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!options_.persistent) return "arena '" + name_ + "' is not persistent";
   if (!open_error_.empty()) return "unusable directory: " + open_error_;
+  if (!cache_refusal_.empty()) return cache_refusal_;
   if (fd_ >= 0 || !slices_.empty()) return "arena '" + name_ + "' already holds a file or allocations";
   const std::string path = cache_file_path(dir_, name_);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? "missing" : errno_text("unreadable: open '" + path + "'");
+  std::string reason;
+  const int fd = open_regular_file(path, &reason);
+  if (fd < 0) return reason;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) reason = errno_text("unreadable: fstat '" + path + "'");
+  if (reason.empty()) reason = check_trusted(st, "'" + path + "'", options_.trust_others);
   CacheHeader h;
   int64_t file_bytes = 0;
-  std::string reason = read_cache_header(fd, &h, &file_bytes);
+  if (reason.empty()) reason = read_cache_header(fd, &h, &file_bytes);
   if (reason.empty()) reason = validate_cache_header(h, file_bytes, expect);
   int64_t bytes[kCacheTensors] = {0, 0};
   for (int t = 0; t < kCacheTensors && reason.empty(); ++t) {
     bytes[t] = h.tensors[t].rows * h.tensors[t].cols;
-    tensors[t] = map_range(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign), /*writable=*/false, &reason);
+    tensors[t] = map_range(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign), Mapping::kPrivate, &reason);
   }
+  if (reason.empty() && check) reason = check(tensors);
+  for (int t = 0; t < kCacheTensors && reason.empty() && verify_data; ++t)
+    if (data_checksum(tensors[t], bytes[t], parallel_for) != h.tensors[t].data_checksum)
+      reason = std::string("corrupt: data checksum of tensor ") + (t == 0 ? "w13" : "w2") + " differs";
   if (!reason.empty()) {  // nothing counted yet: unmap what was mapped and forget it
     for (const Slice& s : slices_) ::munmap(s.addr, s.bytes);
     slices_.clear();

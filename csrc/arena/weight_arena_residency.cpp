@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "arena/weight_arena.h"
+#include "common/posix_text.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -41,8 +42,6 @@ namespace ktmoe {
 namespace {
 
 constexpr int64_t kPrefaultStep = int64_t(64) << 20;
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 int64_t page_size() {
   static const int64_t p = ::sysconf(_SC_PAGESIZE);
@@ -61,11 +60,8 @@ int64_t mincore_resident(void* addr, int64_t bytes) {
 }  // namespace
 
 int64_t file_resident_bytes(const std::string& path, std::string* error) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = errno_text(("open '" + path + "'").c_str());
-    return -1;
-  }
+  const int fd = open_regular_file(path, error);  // no symlink, no FIFO
+  if (fd < 0) return -1;
   const off_t size = ::lseek(fd, 0, SEEK_END);
   int64_t resident = 0;
   if (size > 0) {

@@ -20,8 +20,15 @@ CacheKey packed_cache_key(const std::string& weight_format, int64_t group_size, 
                           int64_t numa_part, const std::string& fingerprint);
 
 // "" and (w13, w2) viewing the arena's valid cache file, or why it is not usable.
+// Always checks every expert's packed header against the key (a forged field is
+// "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
+// data checksums (reads every byte).
 std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const CacheKey& key,
-                              at::Tensor* w13, at::Tensor* w2);
+                              bool verify_data, at::Tensor* w13, at::Tensor* w2);
+
+// "" if the cache file at `path` is valid as it describes itself (its header's
+// own key: what `inspect` checks, with the same checks as a load), else why not.
+std::string verify_packed_cache_file(const std::string& path, bool verify_data);
 
 // Commits a build whose w13/w2 were packed into the arena; "" or the error.
 std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const CacheKey& key,
