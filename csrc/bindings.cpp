@@ -98,35 +98,31 @@ py::dict inspect_cache_file(const std::string& path, bool verify) {
   py::dict d;
   d["path"] = path;
   ktmoe::CacheHeader h;
-  std::memset(&h, 0, sizeof(h));
+  ktmoe::PackedCacheKey key;
   int64_t file_bytes = 0;
+  bool key_ok = false;
   std::string reason;
   {
     py::gil_scoped_release release;
-    const int fd = ktmoe::open_regular_file(path, &reason);
-    if (fd >= 0) {
-      reason = ktmoe::read_cache_header(fd, &h, &file_bytes);
-      ::close(fd);
-    }
-    if (reason.empty()) reason = ktmoe::verify_packed_cache_file(path, verify);
+    reason = ktmoe::inspect_packed_cache_file(path, verify, &h, &file_bytes, &key, &key_ok);
   }
   d["file_bytes"] = file_bytes;
   d["valid"] = reason.empty();
   d["reason"] = reason;
   std::string error;
   d["resident_bytes"] = ktmoe::file_resident_bytes(path, &error);
-  if (std::memcmp(h.magic, ktmoe::kCacheMagic, sizeof(h.magic)) == 0 && file_bytes >= ktmoe::kCacheHeaderBytes) {
-    d["weight_format"] = printable(h.weight_format, strnlen(h.weight_format, sizeof(h.weight_format)));
-    d["group_size"] = h.group_size;
-    d["experts"] = h.experts;
-    d["hidden"] = h.hidden;
-    d["inter"] = h.inter;
-    d["inter_range"] = py::make_tuple(h.inter_lo, h.inter_hi);
-    d["numa_part"] = h.numa_part;
-    d["packed_version"] = h.packed_version;
+  if (key_ok) {
+    d["weight_format"] = printable(key.weight_format.data(), key.weight_format.size());
+    d["group_size"] = key.group_size;
+    d["experts"] = key.experts;
+    d["hidden"] = key.hidden;
+    d["inter"] = key.inter;
+    d["inter_range"] = py::make_tuple(key.inter_lo, key.inter_hi);
+    d["numa_part"] = key.numa_part;
+    d["packed_version"] = key.packed_version;
     d["w13_shape"] = py::make_tuple(h.tensors[0].rows, h.tensors[0].cols);
     d["w2_shape"] = py::make_tuple(h.tensors[1].rows, h.tensors[1].cols);
-    d["fingerprint"] = printable(h.fingerprint, std::min<uint32_t>(h.fingerprint_len, ktmoe::kMaxFingerprintBytes));
+    d["fingerprint"] = printable(key.fingerprint.data(), key.fingerprint.size());
   }
   return d;
 }
@@ -148,7 +144,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1,
            py::arg("persistent") = false, py::arg("trust_others") = false)
-      .def("load_cached", [](const PyArena& a, const ktmoe::CacheKey& key, bool verify_data) -> py::tuple {
+      .def("load_cached", [](const PyArena& a, const ktmoe::PackedCacheKey& key, bool verify_data) -> py::tuple {
              at::Tensor w13, w2;
              std::string reason;
              {
@@ -171,7 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            "start a cache file build (temp file); '' or why not (allocations then fall back)")
       .def("commit_build", [](const PyArena& a, const at::Tensor& w13, const at::Tensor& w2,
-                              const ktmoe::CacheKey& key) { return ktmoe::commit_packed_cache(a.arena, key, w13, w2); },
+                              const ktmoe::PackedCacheKey& key) { return ktmoe::commit_packed_cache(a.arena, key, w13, w2); },
            py::arg("w13"), py::arg("w2"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
            "header last, fsync, rename, fsync dir; '' or the error")
       .def("abort_build", [](const PyArena& a) { a.arena->abort_build(); }, "remove an uncommitted temp file")
@@ -216,9 +212,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("file_bytes", [](const PyArena& a) { return a.arena->file_bytes(); })
       .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
 
-  py::class_<ktmoe::CacheKey>(m, "CacheKey", "what a layer part's cache file must hold")
-      .def_readonly("weight_format", &ktmoe::CacheKey::weight_format)
-      .def_readonly("fingerprint", &ktmoe::CacheKey::fingerprint);
+  py::class_<ktmoe::PackedCacheKey>(m, "CacheKey", "what a layer part's cache file must hold")
+      .def_readonly("weight_format", &ktmoe::PackedCacheKey::weight_format)
+      .def_readonly("fingerprint", &ktmoe::PackedCacheKey::fingerprint);
   m.def("cache_key", &ktmoe::packed_cache_key, py::arg("weight_format"), py::arg("group_size"),
         py::arg("experts"), py::arg("hidden"), py::arg("inter"), py::arg("inter_lo"), py::arg("inter_hi"),
         py::arg("numa_part"), py::arg("fingerprint"));

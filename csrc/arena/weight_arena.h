@@ -26,8 +26,9 @@
 // (with a checksum of each tensor's data), fsyncs, renames it to
 // `<name>.ktmoe` and fsyncs the directory (abort_build() or the destructor
 // remove an uncommitted temp file). open_cached() instead validates an existing
-// `<name>.ktmoe` against a CacheKey (plus the caller's check of the mapped
-// contents, and the data checksums on request) and maps its tensors. Locking
+// `<name>.ktmoe` against a CacheKey (tensor shapes + opaque key bytes the caller
+// judges; the arena knows nothing of MoE), runs the caller's check of the mapped
+// contents and, on request, the data checksums, and maps its tensors. Locking
 // between processes is the caller's (CacheLock, cache_lock.h).
 // Trust: a persistent arena never follows a symlink or opens a non-regular
 // file, and refuses a directory or cache file owned by another user or writable
@@ -139,21 +140,22 @@ class KtWeightArena {
   // Persistent arenas only (see the note). begin_build: false with *error when
   // the temp file cannot be made (allocations then fall back with that reason).
   bool begin_build(std::string* error);
-  // Writes the header for the two tensors at `tensors` (w13, w2; both must be in
-  // the file) with their data checksums, fsyncs, renames over the final name,
-  // fsyncs the directory. The slices become private copy-on-write mappings of
-  // the kept file. False with *error (the temp file is removed).
-  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors],
+  // Writes the header for the tensors at `tensors` (key.shapes[i] bytes each,
+  // all in the file) with their data checksums and the key bytes, fsyncs,
+  // renames over the final name, fsyncs the directory. The slices become private
+  // copy-on-write mappings of the kept file. False with *error (temp file removed).
+  bool commit_build(const CacheKey& key, const std::vector<const void*>& tensors,
                     const ParallelFor& parallel_for, std::string* error);
   void abort_build();  // removes an uncommitted temp file; no-op otherwise
   // Checks the mapped tensors' contents (the caller's format); "" or why not.
-  using ContentCheck = std::function<std::string(void* const tensors[kCacheTensors])>;
-  // "" and tensors[] set when `<dir>/<name>.ktmoe` is a trusted regular file
-  // valid for `expect`, `check` accepts its contents and, with verify_data,
-  // every tensor's data checksum matches; else why not ("missing", "stale: ...",
-  // "corrupt: ...", "untrusted: ...", "not a regular file: ..."), nothing mapped.
-  std::string open_cached(const CacheKey& expect, const ContentCheck& check, bool verify_data,
-                          const ParallelFor& parallel_for, void* tensors[kCacheTensors]);
+  using ContentCheck = std::function<std::string(const std::vector<void*>& tensors)>;
+  // "" and *tensors set when `<dir>/<name>.ktmoe` is a trusted regular file
+  // holding expect.shapes, check_key accepts its key, check accepts its contents
+  // and, with verify_data, every tensor's data checksum matches; else why not
+  // ("missing", "stale: ...", "corrupt: ...", "untrusted: ...", "not a regular
+  // file: ..."), nothing mapped.
+  std::string open_cached(const CacheKey& expect, const CacheKeyCheck& check_key, const ContentCheck& check,
+                          bool verify_data, const ParallelFor& parallel_for, std::vector<void*>* tensors);
   // Gives up the cache for this arena (e.g. its lock path is a planted symlink):
   // allocations go to an unnamed file; later cache calls answer `reason`.
   void refuse_cache(const std::string& reason);

@@ -67,7 +67,7 @@ bool KtWeightArena::begin_build(std::string* error) {
   return true;
 }
 
-bool KtWeightArena::commit_build(const CacheKey& key, const void* const tensors[kCacheTensors],
+bool KtWeightArena::commit_build(const CacheKey& key, const std::vector<const void*>& tensors,
                                  const ParallelFor& parallel_for, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (fd_ < 0 || tmp_path_.empty()) {
@@ -80,12 +80,13 @@ bool KtWeightArena::commit_build(const CacheKey& key, const void* const tensors[
     tmp_path_.clear();
     return false;
   };
-  int64_t offsets[kCacheTensors];
-  uint32_t checksums[kCacheTensors];
-  for (int t = 0; t < kCacheTensors; ++t) {
+  if (tensors.size() != key.shapes.size()) return fail("commit_build: one pointer per tensor of the key");
+  std::vector<int64_t> offsets(tensors.size());
+  std::vector<uint32_t> checksums(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
     offsets[t] = file_offset_locked(tensors[t]);
-    if (offsets[t] < 0) return fail("packed tensor " + std::to_string(t) + " is not in the file (anonymous fallback)");
-    checksums[t] = data_checksum(tensors[t], key.rows[t] * key.cols[t], parallel_for);
+    if (offsets[t] < 0) return fail("tensor " + std::to_string(t) + " is not in the file (anonymous fallback)");
+    checksums[t] = data_checksum(tensors[t], key.shapes[t].first * key.shapes[t].second, parallel_for);
   }
   CacheHeader h;
   try {
@@ -126,8 +127,9 @@ void KtWeightArena::abort_build() {
   tmp_path_.clear();
 }
 
-std::string KtWeightArena::open_cached(const CacheKey& expect, const ContentCheck& check, bool verify_data,
-                                       const ParallelFor& parallel_for, void* tensors[kCacheTensors]) {
+std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyCheck& check_key,
+                                       const ContentCheck& check, bool verify_data, const ParallelFor& parallel_for,
+                                       std::vector<void*>* tensors) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!options_.persistent) return "arena '" + name_ + "' is not persistent";
   if (!open_error_.empty()) return "unusable directory: " + open_error_;
@@ -143,23 +145,25 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const ContentChec
   CacheHeader h;
   int64_t file_bytes = 0;
   if (reason.empty()) reason = read_cache_header(fd, &h, &file_bytes);
-  if (reason.empty()) reason = validate_cache_header(h, file_bytes, expect);
-  int64_t bytes[kCacheTensors] = {0, 0};
-  for (int t = 0; t < kCacheTensors && reason.empty(); ++t) {
+  if (reason.empty()) reason = validate_cache_header(h, file_bytes, expect, check_key);
+  const size_t count = expect.shapes.size();
+  std::vector<int64_t> bytes(count, 0);
+  tensors->assign(count, nullptr);
+  for (size_t t = 0; t < count && reason.empty(); ++t) {
     bytes[t] = h.tensors[t].rows * h.tensors[t].cols;
-    tensors[t] = map_range(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign), Mapping::kPrivate, &reason);
+    (*tensors)[t] = map_range(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign), Mapping::kPrivate, &reason);
   }
-  if (reason.empty() && check) reason = check(tensors);
-  for (int t = 0; t < kCacheTensors && reason.empty() && verify_data; ++t)
-    if (data_checksum(tensors[t], bytes[t], parallel_for) != h.tensors[t].data_checksum)
-      reason = std::string("corrupt: data checksum of tensor ") + (t == 0 ? "w13" : "w2") + " differs";
+  if (reason.empty() && check) reason = check(*tensors);
+  for (size_t t = 0; t < count && reason.empty() && verify_data; ++t)
+    if (data_checksum((*tensors)[t], bytes[t], parallel_for) != h.tensors[t].data_checksum)
+      reason = "corrupt: data checksum of tensor " + std::to_string(t) + " differs";
   if (!reason.empty()) {  // nothing counted yet: unmap what was mapped and forget it
     for (const Slice& s : slices_) ::munmap(s.addr, s.bytes);
     slices_.clear();
     ::close(fd);
     return reason;
   }
-  for (int t = 0; t < kCacheTensors; ++t) count_allocation(bytes[t], /*in_file=*/true);
+  for (size_t t = 0; t < count; ++t) count_allocation(bytes[t], /*in_file=*/true);
   fd_ = fd;
   read_only_ = true;
   file_size_ = file_bytes;
