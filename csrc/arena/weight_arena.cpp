@@ -120,7 +120,7 @@ void KtWeightArena::refuse_cache(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!cache_refusal_.empty() || anonymous_mode()) return;
   cache_refusal_ = reason;
-  if (fd_ < 0 && open_error_.empty() && slices_.empty()) open_unnamed_file();
+  if (fd_ < 0 && open_error_.empty() && !holds_memory()) open_unnamed_file();
 }
 
 std::string KtWeightArena::cache_refusal() const {
@@ -131,12 +131,8 @@ std::string KtWeightArena::cache_refusal() const {
 KtWeightArena::~KtWeightArena() {
   prefault_stop_.store(true);
   join_prefault();  // the background prefault reads slices that are unmapped below
-  for (const Slice& s : slices_) {
-    if (s.mapped)
-      ::munmap(s.addr, s.bytes);
-    else
-      std::free(s.addr);
-  }
+  mapped_.clear();  // munmap
+  anon_.clear();    // free
   if (fd_ >= 0) ::close(fd_);
   if (!tmp_path_.empty()) ::unlink(tmp_path_.c_str());
   std::lock_guard<std::mutex> lock(totals().mutex);
@@ -156,47 +152,22 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
     if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
     return nullptr;
   }
-  void* addr = map_range(fd_, offset, bytes, Mapping::kShared, error);
-  if (!addr) {
+  MappedSlice slice = MappedSlice::map(fd_, offset, bytes, MappedSlice::Mode::kShared, options_.hugepage, error);
+  if (!slice.addr()) {
     if (::ftruncate(fd_, offset) != 0) {}
     return nullptr;
   }
+  void* addr = slice.addr();
+  mapped_.push_back(std::move(slice));
   if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
   file_size_ = offset + bytes;
-  return addr;
-}
-
-void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, Mapping mapping, std::string* error) {
-  // Map at a 2 MiB-aligned address so large folios can map a PMD at a time.
-  void* reserve = ::mmap(nullptr, bytes + kSliceAlign, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserve == MAP_FAILED) {
-    *error = errno_text("mmap (address reservation)");
-    return nullptr;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(reserve);
-  const uintptr_t aligned = (base + kSliceAlign - 1) & ~uintptr_t(kSliceAlign - 1);
-  const int share = mapping == Mapping::kShared ? MAP_SHARED : MAP_PRIVATE;
-  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE, share | MAP_FIXED, fd, offset);
-  if (addr == MAP_FAILED) {
-    *error = errno_text(mapping == Mapping::kShared ? "mmap (MAP_SHARED)" : "mmap (MAP_PRIVATE)");
-    ::munmap(reserve, bytes + kSliceAlign);
-    return nullptr;
-  }
-  if (aligned > base) ::munmap(reserve, aligned - base);
-  const uintptr_t tail = aligned + bytes, end = base + bytes + kSliceAlign;
-  if (end > tail) ::munmap(reinterpret_cast<void*>(tail), end - tail);
-  // Advice is best effort: a kernel without THP for files still maps the slice.
-  ::madvise(addr, bytes, MADV_RANDOM);
-  if (options_.hugepage) ::madvise(addr, bytes, MADV_HUGEPAGE);
-  slices_.push_back({addr, bytes, true, offset});
   return addr;
 }
 
 void* KtWeightArena::alloc_anonymous(int64_t n) {
   void* p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();
-  slices_.push_back({p, n, false, -1});
+  anon_.emplace_back(p);
   return p;
 }
 
@@ -237,11 +208,9 @@ void KtWeightArena::count_allocation(int64_t n, bool in_file) {
 }
 
 int64_t KtWeightArena::file_offset_locked(const void* p) const {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  for (const Slice& s : slices_) {
-    const auto b = reinterpret_cast<uintptr_t>(s.addr);
-    if (s.mapped && a >= b && a < b + uintptr_t(s.bytes)) return s.offset + int64_t(a - b);
-  }
+  for (const MappedSlice& s : mapped_)
+    if (s.contains(p))
+      return s.offset() + int64_t(static_cast<const char*>(p) - static_cast<const char*>(s.addr()));
   return -1;
 }
 

@@ -44,6 +44,10 @@
 // (drop the file's pages from memory), prefault() (warm the file, optionally
 // on one background I/O thread that the destructor stops and joins).
 //
+// Parts: MappedSlice (mapped_slice.h) owns each file mapping (RAII munmap);
+// cache_file.h the kept file's header and safe opening; cache_lock.h the lock;
+// numa_first_touch.h the placement; weight_arena_residency.cpp the residency
+// helpers (mincore, evict, prefault); weight_arena_cache.cpp persistence.
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
 // Tensors that view arena memory hold a shared_ptr to it (ops layer). live()
 // lists the arenas still alive (memory_report), without keeping any.
@@ -51,6 +55,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -59,6 +64,7 @@
 #include <vector>
 
 #include "arena/cache_file.h"
+#include "arena/mapped_slice.h"
 #include "common/parallel_for.h"
 
 namespace ktmoe {
@@ -90,7 +96,7 @@ int64_t file_resident_bytes(const std::string& path, std::string* error);
 
 class KtWeightArena {
  public:
-  static constexpr int64_t kSliceAlign = int64_t(2) << 20;  // 2 MiB
+  static constexpr int64_t kSliceAlign = MappedSlice::kAlign;  // 2 MiB
   static constexpr int64_t kAnonAlign = 64;
 
   // dir empty: anonymous mode. Otherwise tries to create the backing file
@@ -183,11 +189,7 @@ class KtWeightArena {
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
   void open_unnamed_file();
-  void* map_slice(int64_t n, std::string* error);
-  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the
-  // slice: kShared (read-write, writes reach the file) or kPrivate (copy on write).
-  enum class Mapping { kShared, kPrivate };
-  void* map_range(int fd, int64_t offset, int64_t bytes, Mapping mapping, std::string* error);
+  void* map_slice(int64_t n, std::string* error);  // a new kShared slice at the file's end
   void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
   int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
   void* alloc_anonymous(int64_t n);
@@ -199,12 +201,10 @@ class KtWeightArena {
   std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
   void run_prefault(const std::vector<Span>& spans);
 
-  struct Slice {
-    void* addr;
-    int64_t bytes;
-    bool mapped;     // munmap vs free
-    int64_t offset;  // in the file; -1 when anonymous
+  struct FreeDelete {
+    void operator()(void* p) const { std::free(p); }
   };
+  bool holds_memory() const { return !mapped_.empty() || !anon_.empty(); }
 
   const std::string dir_, name_;
   const ArenaOptions options_;
@@ -216,7 +216,8 @@ class KtWeightArena {
   std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)
   int64_t file_size_ = 0;
   mutable std::mutex mutex_;
-  std::vector<Slice> slices_;
+  std::vector<MappedSlice> mapped_;                       // file-backed slices (munmap by RAII)
+  std::vector<std::unique_ptr<void, FreeDelete>> anon_;  // anonymous allocations
   ArenaStats stats_;
   bool warned_ = false;
   // background prefault (weight_arena_residency.cpp)

@@ -41,7 +41,7 @@ bool KtWeightArena::begin_build(std::string* error) {
     *error = !open_error_.empty() ? open_error_ : cache_refusal_;
     return false;
   }
-  if (fd_ >= 0 || !slices_.empty()) {
+  if (fd_ >= 0 || holds_memory()) {
     *error = "begin_build: arena '" + name_ + "' already holds a file or allocations";
     return false;
   }
@@ -109,13 +109,7 @@ bool KtWeightArena::commit_build(const CacheKey& key, const std::vector<const vo
   }
   ::close(dir_fd);
   // The data is in the file and the page cache: the same bytes, mapped private.
-  for (Slice& s : slices_) {
-    if (!s.mapped) continue;
-    if (::mmap(s.addr, s.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd_, s.offset) == MAP_FAILED)
-      ::mprotect(s.addr, s.bytes, PROT_READ);  // never seen; keeps the file safe from writes at worst
-    ::madvise(s.addr, s.bytes, MADV_RANDOM);
-    if (options_.hugepage) ::madvise(s.addr, s.bytes, MADV_HUGEPAGE);
-  }
+  for (MappedSlice& s : mapped_) s.remap_private(fd_, options_.hugepage);
   read_only_ = true;
   return true;
 }
@@ -134,7 +128,7 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyChe
   if (!options_.persistent) return "arena '" + name_ + "' is not persistent";
   if (!open_error_.empty()) return "unusable directory: " + open_error_;
   if (!cache_refusal_.empty()) return cache_refusal_;
-  if (fd_ >= 0 || !slices_.empty()) return "arena '" + name_ + "' already holds a file or allocations";
+  if (fd_ >= 0 || holds_memory()) return "arena '" + name_ + "' already holds a file or allocations";
   const std::string path = cache_file_path(dir_, name_);
   std::string reason;
   const int fd = open_regular_file(path, &reason);
@@ -151,15 +145,17 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyChe
   tensors->assign(count, nullptr);
   for (size_t t = 0; t < count && reason.empty(); ++t) {
     bytes[t] = h.tensors[t].rows * h.tensors[t].cols;
-    (*tensors)[t] = map_range(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign), Mapping::kPrivate, &reason);
+    MappedSlice slice = MappedSlice::map(fd, h.tensors[t].offset, round_up_to(bytes[t], kSliceAlign),
+                                         MappedSlice::Mode::kPrivate, options_.hugepage, &reason);
+    (*tensors)[t] = slice.addr();
+    if (slice.addr()) mapped_.push_back(std::move(slice));
   }
   if (reason.empty() && check) reason = check(*tensors);
   for (size_t t = 0; t < count && reason.empty() && verify_data; ++t)
     if (data_checksum((*tensors)[t], bytes[t], parallel_for) != h.tensors[t].data_checksum)
       reason = "corrupt: data checksum of tensor " + std::to_string(t) + " differs";
   if (!reason.empty()) {  // nothing counted yet: unmap what was mapped and forget it
-    for (const Slice& s : slices_) ::munmap(s.addr, s.bytes);
-    slices_.clear();
+    mapped_.clear();
     ::close(fd);
     return reason;
   }

@@ -81,8 +81,7 @@ int64_t file_resident_bytes(const std::string& path, std::string* error) {
 std::vector<KtWeightArena::Span> KtWeightArena::mapped_spans() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Span> spans;
-  for (const Slice& s : slices_)
-    if (s.mapped) spans.push_back({s.addr, s.bytes});
+  for (const MappedSlice& s : mapped_) spans.push_back({s.addr(), s.bytes()});
   return spans;
 }
 
