@@ -250,3 +250,13 @@ def test_cli_pack_refuses_tmpfs_up_front(tiny_checkpoint):
     finally:
         if os.path.isdir(d):
             os.rmdir(d)
+
+
+def test_cli_pack_reports_files_not_kept_truthfully(tiny_checkpoint, tmp_path):
+    d = tmp_path / "cache"
+    (d / "layer0001.part0.ktmoe").mkdir(parents=True)  # rename over a directory fails: that layer is not kept
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(tiny_checkpoint), str(d), "--format", "int8",
+                        "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "kept 1 of 2 cache files" in r.stdout and "layer0001.part0 was not kept" in r.stderr, (r.stdout, r.stderr)
