@@ -226,6 +226,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return ktmoe::KtWeightArena::open(dir, "probe", {})->open_error();
   }, py::arg("dir"));
 
+  m.def("cache_suffix", [] { return std::string(ktmoe::kCacheSuffix); }, "the suffix of kept cache files");
+  m.def("cache_temp_files", &ktmoe::cache_temp_files, py::arg("dir"), py::arg("name") = "",
+        "temporary build files in dir (of arena `name`; all when empty), sorted");
+  m.def("remove_stale_temp_files", &ktmoe::remove_stale_temp_files, py::arg("dir"), py::arg("name"),
+        "remove arena `name`'s temporary build files (under its CacheLock); the names removed");
+
   py::class_<ktmoe::CacheLock>(m, "CacheLock", "flock on <dir>/<name>.ktmoe.lock; a context manager")
       .def(py::init<std::string, std::string>(), py::arg("dir"), py::arg("name"))
       .def("__enter__", [](ktmoe::CacheLock& l) -> ktmoe::CacheLock& {

@@ -40,7 +40,7 @@ from ._native import _C
 
 CACHE_POLICIES = ("reuse", "rebuild", "off")
 VERIFY_LEVELS = ("header", "full")
-CACHE_SUFFIX = ".ktmoe"
+CACHE_SUFFIX = _C.cache_suffix()  # file names are spelled in C++ (csrc/arena/cache_file.h)
 log = logging.getLogger("torch_ktmoe.cache")
 
 
@@ -121,7 +121,7 @@ def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
 
 def leftover_temp_files(directory: str) -> List[str]:
     """Temporary build files (``*.ktmoe.tmp.<pid>``) in ``directory``."""
-    return sorted(n for n in os.listdir(directory) if CACHE_SUFFIX + ".tmp." in n)
+    return list(_C.cache_temp_files(os.fspath(directory)))
 
 
 def load_or_build(arena, key, policy: str, build, events: Optional[list] = None, verify: str = "header"):
@@ -166,12 +166,8 @@ def load_or_build(arena, key, policy: str, build, events: Optional[list] = None,
 
 
 def _remove_stale_temp_files(directory: str, name: str) -> None:
-    prefix = name + CACHE_SUFFIX + ".tmp."
-    for n in os.listdir(directory):
-        if n.startswith(prefix):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, n))
-                log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
+    for n in _C.remove_stale_temp_files(directory, name):
+        log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
 
 
 def _record(events, name, hit, reason):

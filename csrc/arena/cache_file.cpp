@@ -1,6 +1,7 @@
 // [NOTE] Cache file header: build, checksum, read and validate; safe opening (see cache_file.h).
 #include "arena/cache_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,13 +138,36 @@ std::string check_trusted(const struct stat& st, const std::string& what, bool t
 }
 
 std::string cache_file_path(const std::string& dir, const std::string& name) {
-  return dir + "/" + name + ".ktmoe";
+  return dir + "/" + name + kCacheSuffix;
 }
 std::string cache_tmp_path(const std::string& dir, const std::string& name) {
   return cache_file_path(dir, name) + ".tmp." + std::to_string(getpid());
 }
 std::string cache_lock_path(const std::string& dir, const std::string& name) {
   return cache_file_path(dir, name) + ".lock";
+}
+
+std::vector<std::string> cache_temp_files(const std::string& dir, const std::string& name) {
+  const std::string marker = std::string(kCacheSuffix) + ".tmp.";
+  const std::string prefix = name.empty() ? "" : name + marker;
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (prefix.empty() ? n.find(marker) != std::string::npos : n.compare(0, prefix.size(), prefix) == 0)
+        out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir, const std::string& name) {
+  std::vector<std::string> removed;
+  for (const std::string& n : cache_temp_files(dir, name))
+    if (::unlink((dir + "/" + n).c_str()) == 0) removed.push_back(n);
+  return removed;
 }
 
 }  // namespace ktmoe

@@ -96,9 +96,17 @@ int open_regular_file(const std::string& path, std::string* error);
 // not ("untrusted: ..."). trust_others skips the check (the caller opted in).
 std::string check_trusted(const struct stat& st, const std::string& what, bool trust_others);
 
-// Paths of an arena's kept file, its temporary build file and its lock file.
+// The names of an arena's files; this is the one place that spells them:
+// `<name>.ktmoe` (kept), `<name>.ktmoe.tmp.<pid>` (a build), `<name>.ktmoe.lock`.
+constexpr char kCacheSuffix[] = ".ktmoe";
 std::string cache_file_path(const std::string& dir, const std::string& name);
 std::string cache_tmp_path(const std::string& dir, const std::string& name);  // .tmp.<pid>
 std::string cache_lock_path(const std::string& dir, const std::string& name);
+
+// Names of the temporary build files in dir (of arena `name`; all when empty), sorted.
+std::vector<std::string> cache_temp_files(const std::string& dir, const std::string& name);
+// Removes arena `name`'s temporary build files (call under its CacheLock: any
+// such file is a build that did not finish); returns the names removed.
+std::vector<std::string> remove_stale_temp_files(const std::string& dir, const std::string& name);
 
 }  // namespace ktmoe
