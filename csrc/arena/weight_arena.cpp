@@ -104,23 +104,13 @@ void KtWeightArena::open_file() {
   open_unnamed_file();
 }
 
-void KtWeightArena::open_unnamed_file() {
-  // An unnamed file (O_TMPFILE) needs no unlink; where the filesystem lacks it,
-  // create the named file and unlink it at once.
-  fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd_ < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-    const std::string path = dir_ + "/" + name_ + ".ktmoe." + std::to_string(getpid());
-    fd_ = ::open(path.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_CLOEXEC, 0600);
-    if (fd_ >= 0) ::unlink(path.c_str());
-  }
-  if (fd_ < 0) open_error_ = errno_text("cannot create a file in '" + dir_ + "'");
-}
+void KtWeightArena::open_unnamed_file() { file_ = BackingFile::unnamed(dir_, name_, &open_error_); }
 
 void KtWeightArena::refuse_cache(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!cache_refusal_.empty() || anonymous_mode()) return;
   cache_refusal_ = reason;
-  if (fd_ < 0 && open_error_.empty() && !holds_memory()) open_unnamed_file();
+  if (!file_.valid() && open_error_.empty() && !holds_memory()) open_unnamed_file();
 }
 
 std::string KtWeightArena::cache_refusal() const {
@@ -133,8 +123,7 @@ KtWeightArena::~KtWeightArena() {
   join_prefault();  // the background prefault reads slices that are unmapped below
   mapped_.clear();  // munmap
   anon_.clear();    // free
-  if (fd_ >= 0) ::close(fd_);
-  if (!tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+  file_ = BackingFile();  // close; an unkept temp build file is removed
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas -= 1;
   totals().stats.allocations -= stats_.allocations;
@@ -144,23 +133,17 @@ KtWeightArena::~KtWeightArena() {
 
 void* KtWeightArena::map_slice(int64_t n, std::string* error) {
   const int64_t bytes = round_up_to(n, kSliceAlign);
-  const int64_t offset = file_size_;
+  const int64_t offset = file_.size();
   // Reserve the blocks first: a full disk fails here, not as SIGBUS on a write fault.
-  if (int rc = ::posix_fallocate(fd_, offset, bytes); rc != 0) {
-    errno = rc;
-    *error = errno_text("fallocate");
-    if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
-    return nullptr;
-  }
-  MappedSlice slice = MappedSlice::map(fd_, offset, bytes, MappedSlice::Mode::kShared, options_.hugepage, error);
+  if (!file_.reserve(offset, bytes, error)) return nullptr;
+  MappedSlice slice = MappedSlice::map(file_.fd(), offset, bytes, MappedSlice::Mode::kShared, options_.hugepage, error);
   if (!slice.addr()) {
-    if (::ftruncate(fd_, offset) != 0) {}
+    file_.resize(offset);
     return nullptr;
   }
   void* addr = slice.addr();
   mapped_.push_back(std::move(slice));
   if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
-  file_size_ = offset + bytes;
   return addr;
 }
 
@@ -188,7 +171,7 @@ void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
   void* p = nullptr;
   if (!anonymous_mode()) {
     std::string error = open_error_;
-    if (fd_ >= 0 && !read_only_) p = map_slice(n, &error);
+    if (file_.valid() && !read_only_) p = map_slice(n, &error);
     else if (error.empty()) error = read_only_ ? "the cache file is read-only" : "no cache file is being built";
     if (!p) record_fallback("arena '" + name_ + "': " + error + "; using anonymous memory");
   }
@@ -216,14 +199,7 @@ int64_t KtWeightArena::file_offset_locked(const void* p) const {
 
 bool KtWeightArena::writeback(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd_ < 0 || file_size_ == 0 || read_only_) return true;
-  const unsigned flags = SYNC_FILE_RANGE_WRITE |
-                         (wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WAIT_AFTER : 0u);
-  if (::sync_file_range(fd_, 0, file_size_, flags) != 0) {
-    if (error) *error = errno_text("sync_file_range");
-    return false;
-  }
-  return true;
+  return read_only_ || file_.writeback(wait, error);
 }
 
 std::string KtWeightArena::warn_once() {
@@ -235,7 +211,7 @@ std::string KtWeightArena::warn_once() {
 
 int64_t KtWeightArena::file_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return file_size_;
+  return file_.size();
 }
 
 ArenaStats KtWeightArena::stats() const {

@@ -44,7 +44,8 @@
 // (drop the file's pages from memory), prefault() (warm the file, optionally
 // on one background I/O thread that the destructor stops and joins).
 //
-// Parts: MappedSlice (mapped_slice.h) owns each file mapping (RAII munmap);
+// Parts: BackingFile (backing_file.h) owns the file (create, reserve, write
+// back, keep atomically); MappedSlice (mapped_slice.h) owns each mapping;
 // cache_file.h the kept file's header and safe opening; cache_lock.h the lock;
 // numa_first_touch.h the placement; weight_arena_residency.cpp the residency
 // helpers (mincore, evict, prefault); weight_arena_cache.cpp persistence.
@@ -63,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "arena/backing_file.h"
 #include "arena/cache_file.h"
 #include "arena/mapped_slice.h"
 #include "common/parallel_for.h"
@@ -172,7 +174,7 @@ class KtWeightArena {
   // Reason of the first fallback, once; empty afterwards or if none.
   std::string warn_once();
 
-  bool file_mode() const { return fd_ >= 0; }   // backing file open
+  bool file_mode() const { return file_.valid(); }   // backing file open
   bool anonymous_mode() const { return dir_.empty(); }
   const std::string& dir() const { return dir_; }
   const std::string& name() const { return name_; }
@@ -188,7 +190,7 @@ class KtWeightArena {
  private:
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
-  void open_unnamed_file();
+  void open_unnamed_file();  // file_ = an unnamed file, or open_error_
   void* map_slice(int64_t n, std::string* error);  // a new kShared slice at the file's end
   void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
   int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
@@ -209,12 +211,10 @@ class KtWeightArena {
   const std::string dir_, name_;
   const ArenaOptions options_;
   int64_t id_ = 0;
-  int fd_ = -1;
-  std::string tmp_path_;   // persistent build in progress: the temp file's path
-  bool read_only_ = false; // fd_ opened O_RDONLY (open_cached)
+  BackingFile file_;        // the file behind the slices (unnamed, a temp build, or a kept cache file)
+  bool read_only_ = false; // a kept file: mapped copy-on-write, never written
   std::string open_error_;
   std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)
-  int64_t file_size_ = 0;
   mutable std::mutex mutex_;
   std::vector<MappedSlice> mapped_;                       // file-backed slices (munmap by RAII)
   std::vector<std::unique_ptr<void, FreeDelete>> anon_;  // anonymous allocations

@@ -41,43 +41,35 @@ bool KtWeightArena::begin_build(std::string* error) {
     *error = !open_error_.empty() ? open_error_ : cache_refusal_;
     return false;
   }
-  if (fd_ >= 0 || holds_memory()) {
+  if (file_.valid() || holds_memory()) {
     *error = "begin_build: arena '" + name_ + "' already holds a file or allocations";
     return false;
   }
   const std::string tmp = cache_tmp_path(dir_, name_);
-  ::unlink(tmp.c_str());  // a leftover of a crashed process that had our pid
-  int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    *error = errno_text("cannot create '" + tmp + "'");
-  } else if (int rc = ::posix_fallocate(fd, 0, kCacheHeaderBytes); rc != 0) {
-    errno = rc;
-    *error = errno_text("fallocate '" + tmp + "'");
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fd = -1;
+  BackingFile file = BackingFile::create_temp(tmp, error);
+  if (file.valid() && !file.reserve(0, kCacheHeaderBytes, error)) {
+    *error = "'" + tmp + "': " + *error;
+    file = BackingFile();  // removes the temp file
   }
-  if (fd < 0) {
+  if (!file.valid()) {
     open_error_ = *error;  // every allocation falls back with this reason
     return false;
   }
-  fd_ = fd;
-  tmp_path_ = tmp;
-  file_size_ = kSliceAlign;  // slices start 2 MiB in: the header page, then a hole
+  file.resize(kSliceAlign);  // slices start 2 MiB in: the header page, then a hole
+  file_ = std::move(file);
   return true;
 }
 
 bool KtWeightArena::commit_build(const CacheKey& key, const std::vector<const void*>& tensors,
                                  const ParallelFor& parallel_for, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd_ < 0 || tmp_path_.empty()) {
+  if (!file_.is_temp()) {
     *error = "commit_build: no build in progress for arena '" + name_ + "'";
     return false;
   }
   auto fail = [&](const std::string& why) {
     *error = "arena '" + name_ + "': " + why;
-    ::unlink(tmp_path_.c_str());
-    tmp_path_.clear();
+    file_.discard_temp();
     return false;
   };
   if (tensors.size() != key.shapes.size()) return fail("commit_build: one pointer per tensor of the key");
@@ -90,35 +82,21 @@ bool KtWeightArena::commit_build(const CacheKey& key, const std::vector<const vo
   }
   CacheHeader h;
   try {
-    h = make_cache_header(key, offsets, checksums, file_size_);
+    h = make_cache_header(key, offsets, checksums, file_.size());
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  // Header last, then one fsync of data + header, then the atomic rename.
-  if (::pwrite(fd_, &h, sizeof(h), 0) != ssize_t(sizeof(h))) return fail(errno_text("pwrite header"));
-  if (::fsync(fd_) != 0) return fail(errno_text("fsync"));
-  const std::string final_path = cache_file_path(dir_, name_);
-  if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0)
-    return fail(errno_text("rename to '" + final_path + "'"));
-  tmp_path_.clear();
-  const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
-    *error = errno_text("fsync directory '" + dir_ + "'");
-    if (dir_fd >= 0) ::close(dir_fd);
-    return false;  // the file is in place; only its durability across a crash is in doubt
-  }
-  ::close(dir_fd);
+  std::string why;
+  if (!file_.keep_as(&h, sizeof(h), 0, cache_file_path(dir_, name_), dir_, &why)) return fail(why);
   // The data is in the file and the page cache: the same bytes, mapped private.
-  for (MappedSlice& s : mapped_) s.remap_private(fd_, options_.hugepage);
+  for (MappedSlice& s : mapped_) s.remap_private(file_.fd(), options_.hugepage);
   read_only_ = true;
   return true;
 }
 
 void KtWeightArena::abort_build() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (tmp_path_.empty()) return;
-  ::unlink(tmp_path_.c_str());
-  tmp_path_.clear();
+  file_.discard_temp();
 }
 
 std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyCheck& check_key,
@@ -128,7 +106,7 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyChe
   if (!options_.persistent) return "arena '" + name_ + "' is not persistent";
   if (!open_error_.empty()) return "unusable directory: " + open_error_;
   if (!cache_refusal_.empty()) return cache_refusal_;
-  if (fd_ >= 0 || holds_memory()) return "arena '" + name_ + "' already holds a file or allocations";
+  if (file_.valid() || holds_memory()) return "arena '" + name_ + "' already holds a file or allocations";
   const std::string path = cache_file_path(dir_, name_);
   std::string reason;
   const int fd = open_regular_file(path, &reason);
@@ -160,9 +138,8 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyChe
     return reason;
   }
   for (size_t t = 0; t < count; ++t) count_allocation(bytes[t], /*in_file=*/true);
-  fd_ = fd;
+  file_ = BackingFile::adopt(fd, file_bytes);
   read_only_ = true;
-  file_size_ = file_bytes;
   return "";
 }
 

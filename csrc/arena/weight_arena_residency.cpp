@@ -97,7 +97,7 @@ int64_t KtWeightArena::resident_bytes() const {
 }
 
 bool KtWeightArena::evict(std::string* error) {
-  if (fd_ < 0) return true;
+  if (!file_.valid()) return true;
   if (!writeback(/*wait=*/true, error)) return false;
   for (const Span& s : mapped_spans()) {
     if (::madvise(s.addr, static_cast<size_t>(s.bytes), MADV_DONTNEED) != 0) {
@@ -105,7 +105,7 @@ bool KtWeightArena::evict(std::string* error) {
       return false;
     }
   }
-  if (int rc = ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+  if (int rc = ::posix_fadvise(file_.fd(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
     errno = rc;
     if (error) *error = errno_text("posix_fadvise(POSIX_FADV_DONTNEED)");
     return false;
@@ -144,7 +144,7 @@ done:
 bool KtWeightArena::prefault(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(prefault_mutex_);
   if (prefault_thread_.joinable()) prefault_thread_.join();
-  if (fd_ < 0) return true;
+  if (!file_.valid()) return true;
   {
     std::lock_guard<std::mutex> status_lock(status_mutex_);
     prefault_status_ = "running";
