@@ -23,7 +23,7 @@ class WeightArena(_C.WeightArena):
     (:class:`ArenaFallbackWarning`) and ``stats()`` lists every reason.
 
     ``persistent=True`` creates no unnamed file: the file is a kept cache file,
-    built with ``begin_build()``/``commit_build()`` or mapped read-only with
+    built with ``begin_build()``/``commit_build()`` or mapped (copy on write) with
     ``load_cached()`` (see :mod:`torch_ktmoe.cache`). A persistent arena refuses
     a directory or cache file owned by another user or writable by others
     (``cache_refusal`` says why; it then uses an unnamed file and keeps nothing)

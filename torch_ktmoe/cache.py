@@ -2,7 +2,8 @@
 
 A layer part's packed experts can be kept in ``<dir>/<name>.ktmoe`` (a 4 KiB
 validated header, then 2 MiB-aligned slices; format in ``csrc/arena/cache_file.h``)
-and mapped read-only by later processes instead of being packed again.
+and mapped (copy on write: a write never reaches the file) by later processes instead
+of being packed again.
 
 Policies (``KTMoE(cache=...)``, ``patch_model``, ``from_pretrained``):
 

@@ -40,7 +40,7 @@ class KTMoE(nn.Module):
             when done, or on one background thread per arena.
         cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
             experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
-            file for the same weights exists, maps it read-only instead of
+            file for the same weights exists, maps it (copy on write) instead of
             packing; ``"rebuild"`` always packs and replaces the files; ``"off"``
             uses unnamed files that vanish with the process. Ignored without a
             directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
