@@ -9,11 +9,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "arena/cache_lock.h"
 #include "arena/numa_first_touch.h"
 #include "arena/weight_arena.h"
 #include "common/cpu_features.h"
 #include "kernels/isa_kernels.h"
-#include "ops/arena_registry.h"
+#include "ops/arena_tensor.h"
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
 #include "ops/packed_cache.h"
@@ -21,13 +22,17 @@
 TORCH_LIBRARY(ktmoe, m) {
   // Fused MoE forward over packed experts (format read from the packed headers).
   m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2) -> Tensor");
-  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) in an arena.
-  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, str arena) -> (Tensor, Tensor)");
+  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) on the heap.
+  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");
+  // The same into caller-allocated outputs (Python takes them from a WeightArena).
+  m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
+        "Tensor(a!) w13, Tensor(b!) w2) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("moe_forward", &ktmoe::moe_forward);
   m.impl("pack_experts", &ktmoe::pack_experts);
+  m.impl("pack_experts_out", &ktmoe::pack_experts_out);
 }
 
 namespace {
@@ -44,10 +49,9 @@ py::dict arena_stats_dict(const ktmoe::ArenaStats& s) {
   return d;
 }
 
-// The Python face of an arena: its key (for ops) and the shared_ptr (lifetime).
+// The Python face of an arena: the shared_ptr (lifetime).
 struct PyArena {
   std::shared_ptr<ktmoe::KtWeightArena> arena;
-  std::string key;
 };
 
 // Reads every byte of the tensors with 512-bit loads on all threads of ATen's
@@ -80,42 +84,45 @@ double stream_read_gbps(int64_t bytes, int64_t repeats) {
   return best;
 }
 
-// What `inspect` prints of one cache file: its header, well-formedness, residency.
-py::dict inspect_cache_file(const std::string& path) {
+// Header text as printable ASCII: a random or hostile file must not break the listing.
+std::string printable(const char* p, size_t n) {
+  std::string out(p, n);
+  for (char& c : out)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  return out;
+}
+
+// What `inspect` prints of one cache file: its header, validity (the checks of a
+// load against the file's own key; verify: data checksums too), residency.
+py::dict inspect_cache_file(const std::string& path, bool verify) {
   py::dict d;
   d["path"] = path;
   ktmoe::CacheHeader h;
+  ktmoe::PackedCacheKey key;
   int64_t file_bytes = 0;
+  bool key_ok = false;
   std::string reason;
   {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) reason = std::string("unreadable: ") + std::strerror(errno);
-    else {
-      reason = ktmoe::read_cache_header(fd, &h, &file_bytes);
-      ::close(fd);
-    }
+    py::gil_scoped_release release;
+    reason = ktmoe::inspect_packed_cache_file(path, verify, &h, &file_bytes, &key, &key_ok);
   }
-  if (reason.empty()) reason = ktmoe::check_cache_header(h, file_bytes);
-  if (reason.empty() && h.packed_version != ktmoe::kPackedVersion)
-    reason = "stale: packed layout version " + std::to_string(h.packed_version) + ", this build reads " +
-             std::to_string(ktmoe::kPackedVersion);
   d["file_bytes"] = file_bytes;
   d["valid"] = reason.empty();
   d["reason"] = reason;
   std::string error;
   d["resident_bytes"] = ktmoe::file_resident_bytes(path, &error);
-  if (std::memcmp(h.magic, ktmoe::kCacheMagic, sizeof(h.magic)) == 0 && file_bytes >= ktmoe::kCacheHeaderBytes) {
-    d["weight_format"] = std::string(h.weight_format, strnlen(h.weight_format, sizeof(h.weight_format)));
-    d["group_size"] = h.group_size;
-    d["experts"] = h.experts;
-    d["hidden"] = h.hidden;
-    d["inter"] = h.inter;
-    d["inter_range"] = py::make_tuple(h.inter_lo, h.inter_hi);
-    d["numa_part"] = h.numa_part;
-    d["packed_version"] = h.packed_version;
+  if (key_ok) {
+    d["weight_format"] = printable(key.weight_format.data(), key.weight_format.size());
+    d["group_size"] = key.group_size;
+    d["experts"] = key.experts;
+    d["hidden"] = key.hidden;
+    d["inter"] = key.inter;
+    d["inter_range"] = py::make_tuple(key.inter_lo, key.inter_hi);
+    d["numa_part"] = key.numa_part;
+    d["packed_version"] = key.packed_version;
     d["w13_shape"] = py::make_tuple(h.tensors[0].rows, h.tensors[0].cols);
     d["w2_shape"] = py::make_tuple(h.tensors[1].rows, h.tensors[1].cols);
-    d["fingerprint"] = std::string(h.fingerprint, std::min<uint32_t>(h.fingerprint_len, ktmoe::kMaxFingerprintBytes));
+    d["fingerprint"] = printable(key.fingerprint.data(), key.fingerprint.size());
   }
   return d;
 }
@@ -127,28 +134,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<PyArena>(m, "WeightArena")
       .def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node,
-                       bool persistent) {
+                       bool persistent, bool trust_others) {
              ktmoe::ArenaOptions options;
              options.hugepage = hugepage;
              options.numa_node = numa_node;
              options.persistent = persistent;
-             PyArena a;
-             a.arena = ktmoe::open_registered_arena(dir, name, options, &a.key);
-             return a;
+             options.trust_others = trust_others;
+             return PyArena{ktmoe::KtWeightArena::open(dir, name, options)};
            }),
            py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1,
-           py::arg("persistent") = false)
-      .def("load_cached", [](const PyArena& a, const ktmoe::CacheKey& key) -> py::tuple {
+           py::arg("persistent") = false, py::arg("trust_others") = false)
+      .def("load_cached", [](const PyArena& a, const ktmoe::PackedCacheKey& key, bool verify_data) -> py::tuple {
              at::Tensor w13, w2;
              std::string reason;
              {
                py::gil_scoped_release release;
-               reason = ktmoe::load_packed_cache(a.arena, key, &w13, &w2);
+               reason = ktmoe::load_packed_cache(a.arena, key, verify_data, &w13, &w2);
              }
              if (!reason.empty()) return py::make_tuple(reason, py::none(), py::none());
              return py::make_tuple(reason, w13, w2);
            },
-           py::arg("key"), "(\"\", w13, w2) mapped read-only from a valid cache file, or (reason, None, None)")
+           py::arg("key"), py::arg("verify_data") = false,
+           "(\"\", w13, w2) mapped copy-on-write from a valid cache file, or (reason, None, None); "
+           "verify_data: also compare the data checksums")
+      .def("refuse_cache", [](const PyArena& a, const std::string& reason) { a.arena->refuse_cache(reason); },
+           py::arg("reason"), "keep and map no cache file (an unnamed file instead); cache calls answer `reason`")
+      .def_property_readonly("cache_refusal", [](const PyArena& a) { return a.arena->cache_refusal(); })
       .def("begin_build", [](const PyArena& a) {
              std::string error;
              a.arena->begin_build(&error);
@@ -156,7 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            "start a cache file build (temp file); '' or why not (allocations then fall back)")
       .def("commit_build", [](const PyArena& a, const at::Tensor& w13, const at::Tensor& w2,
-                              const ktmoe::CacheKey& key) { return ktmoe::commit_packed_cache(a.arena, key, w13, w2); },
+                              const ktmoe::PackedCacheKey& key) { return ktmoe::commit_packed_cache(a.arena, key, w13, w2); },
            py::arg("w13"), py::arg("w2"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
            "header last, fsync, rename, fsync dir; '' or the error")
       .def("abort_build", [](const PyArena& a) { a.arena->abort_build(); }, "remove an uncommitted temp file")
@@ -193,7 +204,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
       .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
-      .def_property_readonly("key", [](const PyArena& a) { return a.key; })
+      .def_property_readonly("id", [](const PyArena& a) { return a.arena->id(); }, "creation order in this process")
       .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
       .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })
       .def_property_readonly("file_mode", [](const PyArena& a) { return a.arena->file_mode(); })
@@ -201,14 +212,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("file_bytes", [](const PyArena& a) { return a.arena->file_bytes(); })
       .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
 
-  py::class_<ktmoe::CacheKey>(m, "CacheKey", "what a layer part's cache file must hold")
-      .def_readonly("weight_format", &ktmoe::CacheKey::weight_format)
-      .def_readonly("fingerprint", &ktmoe::CacheKey::fingerprint);
+  py::class_<ktmoe::PackedCacheKey>(m, "CacheKey", "what a layer part's cache file must hold")
+      .def_readonly("weight_format", &ktmoe::PackedCacheKey::weight_format)
+      .def_readonly("fingerprint", &ktmoe::PackedCacheKey::fingerprint);
   m.def("cache_key", &ktmoe::packed_cache_key, py::arg("weight_format"), py::arg("group_size"),
         py::arg("experts"), py::arg("hidden"), py::arg("inter"), py::arg("inter_lo"), py::arg("inter_hi"),
         py::arg("numa_part"), py::arg("fingerprint"));
-  m.def("inspect_cache_file", &inspect_cache_file, py::arg("path"),
-        "header fields, valid/reason (well-formed and this build's layout) and resident_bytes of a .ktmoe file");
+  m.def("inspect_cache_file", &inspect_cache_file, py::arg("path"), py::arg("verify") = false,
+        "header fields, valid/reason (the checks of a load against the file's own key; verify: data "
+        "checksums too) and resident_bytes of a .ktmoe file");
+  m.def("cache_dir_problem", [](const std::string& dir) {
+    // Why an arena in dir would fall back to anonymous memory ("" if it would not).
+    return ktmoe::KtWeightArena::open(dir, "probe", {})->open_error();
+  }, py::arg("dir"));
+
+  m.def("cache_suffix", [] { return std::string(ktmoe::kCacheSuffix); }, "the suffix of kept cache files");
+  m.def("cache_temp_files", &ktmoe::cache_temp_files, py::arg("dir"), py::arg("name") = "",
+        "temporary build files in dir (of arena `name`; all when empty), sorted");
+  m.def("remove_stale_temp_files", &ktmoe::remove_stale_temp_files, py::arg("dir"), py::arg("name"),
+        "remove arena `name`'s temporary build files (under its CacheLock); the names removed");
+
+  py::class_<ktmoe::CacheLock>(m, "CacheLock", "flock on <dir>/<name>.ktmoe.lock; a context manager")
+      .def(py::init<std::string, std::string>(), py::arg("dir"), py::arg("name"))
+      .def("__enter__", [](ktmoe::CacheLock& l) -> ktmoe::CacheLock& {
+             py::gil_scoped_release release;
+             l.acquire();
+             return l;
+           }, py::return_value_policy::reference)
+      .def("__exit__", [](ktmoe::CacheLock& l, py::args) { l.release(); return false; })
+      .def_property_readonly("locked", &ktmoe::CacheLock::locked)
+      .def_property_readonly("refused", &ktmoe::CacheLock::refused, "why the lock path is hostile ('' if not)")
+      .def_property_readonly("error", &ktmoe::CacheLock::error, "why no lock file could be made ('' if none)")
+      .def_property_readonly("path", &ktmoe::CacheLock::path);
   m.def("process_arena_stats", [] {
     const ktmoe::ProcessArenaStats s = ktmoe::KtWeightArena::process_stats();
     py::dict d = arena_stats_dict(s);
@@ -217,26 +252,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("live_arenas", [] {
     // Snapshot first, then mincore without the GIL; the list holds no arena.
-    std::vector<std::pair<std::string, std::shared_ptr<ktmoe::KtWeightArena>>> arenas;
+    std::vector<std::shared_ptr<ktmoe::KtWeightArena>> arenas;
     std::vector<int64_t> resident;
     {
       py::gil_scoped_release release;
-      arenas = ktmoe::live_arenas();
-      for (const auto& kv : arenas) resident.push_back(kv.second->resident_bytes());
+      arenas = ktmoe::KtWeightArena::live();
+      for (const auto& arena : arenas) resident.push_back(arena->resident_bytes());
     }
     py::list out;
     for (size_t i = 0; i < arenas.size(); ++i) {
-      const auto& arena = arenas[i].second;
+      const auto& arena = arenas[i];
       py::dict d = arena_stats_dict(arena->stats());
-      d["key"] = arenas[i].first;
+      d["id"] = arena->id();
       d["name"] = arena->name();
       d["dir"] = arena->dir();
       d["file_mode"] = arena->file_mode();
       d["resident_bytes"] = resident[i];
       out.append(d);
     }
+    {
+      py::gil_scoped_release release;  // the last reference to an arena may go here: not under the GIL's watch
+      arenas.clear();
+    }
     return out;
-  }, "per live arena: key, name, dir, file_mode, resident_bytes and its stats()");
+  }, "per live arena, oldest first: id, name, dir, file_mode, resident_bytes and its stats()");
+  m.def("packed_sizes", [](const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                           const std::string& weight_format, int64_t group_size) {
+    const ktmoe::PackPlan plan = ktmoe::plan_pack(gate_up, up, down, weight_format, group_size);
+    return py::make_tuple(py::make_tuple(plan.experts, plan.h13.total_bytes),
+                          py::make_tuple(plan.experts, plan.h2.total_bytes));
+  }, py::arg("gate_up"), py::arg("up"), py::arg("down"), py::arg("weight_format"), py::arg("group_size") = 0,
+  "((E, B13), (E, B2)): the shapes pack_experts_out needs, after the same argument checks");
   m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
         py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
   m.def("set_isa", &ktmoe::set_isa, py::arg("name"));

@@ -226,3 +226,37 @@ def test_cli_pack_and_inspect(tiny_checkpoint, tmp_path):
     assert "invalid: corrupt: header checksum" in insp.stdout
     rows = {r["name"]: r for r in cache.inspect_dir(d)}
     assert rows["layer0000.part0.ktmoe"]["valid"] and rows["layer0000.part0.ktmoe"]["layer"] == 0
+
+
+def test_cli_pack_missing_checkpoint_creates_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    d = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(tmp_path / "no-such-ckpt"), str(d)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "does not exist" in r.stderr and "repo id" not in r.stderr, r.stderr
+    assert not d.exists()
+
+
+def test_cli_pack_refuses_tmpfs_up_front(tiny_checkpoint):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    d = f"/dev/shm/ktmoe-test-pack-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(tiny_checkpoint), d, "--quiet"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode != 0 and "tmpfs" in r.stderr and "packed" not in r.stdout, (r.stdout, r.stderr)
+        assert not os.path.exists(d) or os.listdir(d) == []
+    finally:
+        if os.path.isdir(d):
+            os.rmdir(d)
+
+
+def test_cli_pack_reports_files_not_kept_truthfully(tiny_checkpoint, tmp_path):
+    d = tmp_path / "cache"
+    (d / "layer0001.part0.ktmoe").mkdir(parents=True)  # rename over a directory fails: that layer is not kept
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(tiny_checkpoint), str(d), "--format", "int8",
+                        "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "kept 1 of 2 cache files" in r.stdout and "layer0001.part0 was not kept" in r.stderr, (r.stdout, r.stderr)

@@ -1,5 +1,6 @@
 """Command line: ``python -m torch_ktmoe info|demo|pack|inspect``."""
 import argparse
+import os
 import sys
 
 
@@ -24,27 +25,59 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def _pack_problem(checkpoint: str, directory: str) -> str:
+    """Why `pack` cannot start ("" if it can): checked before anything is created or read."""
+    import re
+
+    from torch_ktmoe import _C
+
+    looks_like_repo_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", checkpoint) and not checkpoint.startswith(".")
+    if not os.path.exists(checkpoint) and not looks_like_repo_id:
+        return f"checkpoint directory {checkpoint!r} does not exist"
+    if os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
+        return f"checkpoint {checkpoint!r} is not a directory"
+    target = directory
+    while not os.path.isdir(target):  # the directory pack would create: judge where it would live
+        parent = os.path.dirname(os.path.abspath(target))
+        if parent == os.path.abspath(target):
+            break
+        target = parent
+    problem = _C.cache_dir_problem(target)
+    return f"cannot keep packed experts in {directory!r}: {problem}" if problem else ""
+
+
 def cmd_pack(args) -> int:
-    import os
     import time
 
-    from torch_ktmoe import hf
+    from torch_ktmoe import KTMoE, hf
+    from torch_ktmoe.cache import inspect_dir
 
+    problem = _pack_problem(args.checkpoint, args.dir)
+    if problem:
+        print(f"pack: {problem}; nothing was packed", file=sys.stderr)
+        return 2
     os.makedirs(args.dir, exist_ok=True)
     t0 = time.perf_counter()
     model = hf.from_pretrained(args.checkpoint, mmap_experts_dir=args.dir, weight_format=args.format,
                                cache="rebuild", progress=not args.quiet,
                                ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None)
     r = model.ktmoe_report
-    print(f"packed {r.num_layers} layers ({r.packed_bytes / 2**20:.1f} MiB, "
-          f"{r.file_backed_bytes / 2**20:.1f} MiB in files) into {args.dir} in {time.perf_counter() - t0:.1f} s")
-    return 0 if r.file_backed_bytes == r.packed_bytes else 1
+    events = [e for m in model.modules() if isinstance(m, KTMoE) for e in m.cache_events]
+    kept = {row["name"] for row in inspect_dir(args.dir) if row["valid"]}
+    not_kept = [e for e in events if e["name"] + ".ktmoe" not in kept]
+    kept_bytes = sum(os.path.getsize(os.path.join(args.dir, n)) for n in kept)
+    print(f"packed {r.num_layers} layers ({r.packed_bytes / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s; "
+          f"kept {len(events) - len(not_kept)} of {len(events)} cache files ({kept_bytes / 2**20:.1f} MiB) "
+          f"in {args.dir}")
+    for e in not_kept:
+        print(f"pack: {e['name']} was not kept: {e['reason']}", file=sys.stderr)
+    return 0 if events and not not_kept else 1
 
 
 def cmd_inspect(args) -> int:
     from torch_ktmoe.cache import inspect_dir, leftover_temp_files
 
-    rows = inspect_dir(args.dir)
+    rows = inspect_dir(args.dir, verify=args.verify)
     print(f"{'file':<26} {'layer':>5} {'part':>4} {'format':<6} {'E x H x I':<16} {'range':<11} "
           f"{'w13':<15} {'w2':<15} {'MiB':>8} {'resident':>8}  status")
     for r in rows:
@@ -83,6 +116,8 @@ def main(argv=None) -> int:
     insp = sub.add_parser("inspect", help="list the .ktmoe cache files of DIR: layer, part, format, "
                           "shapes, size, resident bytes, valid or why not")
     insp.add_argument("dir")
+    insp.add_argument("--verify", action="store_true",
+                      help="also compare every tensor's data checksum (reads every byte)")
     insp.set_defaults(func=cmd_inspect)
     args = ap.parse_args(argv)
     return args.func(args)

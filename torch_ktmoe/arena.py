@@ -23,15 +23,21 @@ class WeightArena(_C.WeightArena):
     (:class:`ArenaFallbackWarning`) and ``stats()`` lists every reason.
 
     ``persistent=True`` creates no unnamed file: the file is a kept cache file,
-    built with ``begin_build()``/``commit_build()`` or mapped read-only with
-    ``load_cached()`` (see :mod:`torch_ktmoe.cache`).
+    built with ``begin_build()``/``commit_build()`` or mapped (copy on write) with
+    ``load_cached()`` (see :mod:`torch_ktmoe.cache`). A persistent arena refuses
+    a directory or cache file owned by another user or writable by others
+    (``cache_refusal`` says why; it then uses an unnamed file and keeps nothing)
+    unless ``trust_others=True``. Tensors mapped from a kept file are private
+    copy-on-write views: a write into one stays in this process (as anonymous
+    memory) and never reaches the file.
 
     Memory lives as long as any tensor allocated from the arena.
     """
 
     def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1,
-                 persistent: bool = False):
-        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent)
+                 persistent: bool = False, trust_others: bool = False):
+        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent,
+                         trust_others)
 
     def empty(self, *sizes) -> torch.Tensor:
         """A uint8 tensor of ``sizes`` in arena memory (thread-safe)."""

@@ -2,7 +2,8 @@
 
 A layer part's packed experts can be kept in ``<dir>/<name>.ktmoe`` (a 4 KiB
 validated header, then 2 MiB-aligned slices; format in ``csrc/arena/cache_file.h``)
-and mapped read-only by later processes instead of being packed again.
+and mapped (copy on write: a write never reaches the file) by later processes instead
+of being packed again.
 
 Policies (``KTMoE(cache=...)``, ``patch_model``, ``from_pretrained``):
 
@@ -12,13 +13,23 @@ Policies (``KTMoE(cache=...)``, ``patch_model``, ``from_pretrained``):
 * ``"rebuild"``: always pack and replace the file;
 * ``"off"``: an unnamed file that disappears with the process (nothing persists).
 
+Verification (``KTMoE(verify=...)``): ``"header"`` (default, instant) checks the
+file header, the file's size and every expert's packed header against the
+layer; ``"full"`` also compares a checksum of every tensor's data (reads every
+byte) and rebuilds on a mismatch.
+
+Trust: no path is followed through a symlink, only regular files are opened
+(a FIFO never blocks), and a cache file or directory owned by another user or
+writable by others is refused (reason ``untrusted: ...``; the layer then uses an
+unnamed file and keeps nothing) unless ``cache_trust_others=True``.
+
 A build writes ``<name>.ktmoe.tmp.<pid>``, writes the header last, fsyncs and
 renames it over the final name, then fsyncs the directory. Validate-or-build
-runs under ``flock`` on ``<name>.ktmoe.lock``, so processes starting together on
-one directory build each file once and never see a half-written one.
+runs under ``flock`` on ``<name>.ktmoe.lock`` (``_C.CacheLock``), so processes
+starting together on one directory build each file once and never see a
+half-written one.
 """
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -29,7 +40,8 @@ import torch
 from ._native import _C
 
 CACHE_POLICIES = ("reuse", "rebuild", "off")
-CACHE_SUFFIX = ".ktmoe"
+VERIFY_LEVELS = ("header", "full")
+CACHE_SUFFIX = _C.cache_suffix()  # file names are spelled in C++ (csrc/arena/cache_file.h)
 log = logging.getLogger("torch_ktmoe.cache")
 
 
@@ -37,6 +49,12 @@ def check_policy(cache: str) -> str:
     if cache not in CACHE_POLICIES:
         raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}")
     return cache
+
+
+def check_verify(verify: str) -> str:
+    if verify not in VERIFY_LEVELS:
+        raise ValueError(f"verify must be one of {VERIFY_LEVELS}, got {verify!r}")
+    return verify
 
 
 def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
@@ -70,26 +88,6 @@ def layer_fingerprint(source: str, module_name: str) -> str:
     return fp if len(fp) <= 256 else "layer:blake2b:" + hashlib.blake2b(fp.encode(), digest_size=20).hexdigest()
 
 
-@contextlib.contextmanager
-def build_lock(directory: str, name: str):
-    """``flock`` on ``<directory>/<name>.ktmoe.lock`` for validate-or-build.
-
-    Yields True when locked. Where the lock file cannot be made (missing or
-    read-only directory) there is nothing to protect (the arena falls back to
-    anonymous memory): yields False, unlocked.
-    """
-    try:
-        fd = os.open(os.path.join(directory, name + CACHE_SUFFIX + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield True
-    finally:
-        os.close(fd)  # releases the lock
-
-
 def parse_name(file_name: str):
     """(layer, part) of ``layer0003.part1.ktmoe``, or (None, None)."""
     stem = file_name[: -len(CACHE_SUFFIX)] if file_name.endswith(CACHE_SUFFIX) else file_name
@@ -100,13 +98,22 @@ def parse_name(file_name: str):
         return None, None
 
 
-def inspect_dir(directory: str) -> List[dict]:
-    """One dict per ``*.ktmoe`` file of ``directory``: header fields, size, resident bytes, valid/reason."""
+def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
+    """One dict per ``*.ktmoe`` entry of ``directory``: header fields, size, resident bytes, valid/reason.
+
+    Each file is checked as a load would check it against its own header's key
+    (``verify=True``: data checksums too); a bad file gets its own reason and
+    never stops the listing.
+    """
     out = []
     for name in sorted(os.listdir(directory)):
         if not name.endswith(CACHE_SUFFIX):
             continue
-        info = dict(_C.inspect_cache_file(os.path.join(directory, name)))
+        try:
+            info = dict(_C.inspect_cache_file(os.path.join(directory, name), verify))
+        except Exception as e:  # noqa: BLE001 - one file's failure is that file's reason
+            info = {"path": os.path.join(directory, name), "file_bytes": 0, "valid": False,
+                    "reason": f"unreadable: {type(e).__name__}: {e}", "resident_bytes": -1}
         info["name"] = name
         info["layer"], info["part"] = parse_name(name)
         out.append(info)
@@ -115,22 +122,28 @@ def inspect_dir(directory: str) -> List[dict]:
 
 def leftover_temp_files(directory: str) -> List[str]:
     """Temporary build files (``*.ktmoe.tmp.<pid>``) in ``directory``."""
-    return sorted(n for n in os.listdir(directory) if CACHE_SUFFIX + ".tmp." in n)
+    return list(_C.cache_temp_files(os.fspath(directory)))
 
 
-def load_or_build(arena, key, policy: str, build, events: Optional[list] = None):
+def load_or_build(arena, key, policy: str, build, events: Optional[list] = None, verify: str = "header"):
     """Validate-or-build one arena's cache file under its lock.
 
     ``build(arena)`` packs into the arena and returns ``(w13, w2)``; it is not
     called on a cache hit. Returns ``(w13, w2, hit)``; ``build=None`` returns
     ``(None, None, False)`` on a miss. Appends ``{name, hit, reason}`` to events.
+    A hostile lock path or an untrusted directory makes the arena refuse the
+    cache: ``build`` then packs into an unnamed file and nothing is kept.
     """
-    with build_lock(arena.dir, arena.name) as locked:
-        if locked:  # builds run under this lock: any temp file of this name is a crashed build's
+    # An untrusted directory gets no lock file either: nothing is created under a name there.
+    with contextlib.nullcontext() if arena.cache_refusal else _C.CacheLock(arena.dir, arena.name) as lock:
+        if lock is not None and lock.refused:
+            arena.refuse_cache(lock.refused)
+        if lock is not None and lock.locked:  # builds run under this lock: a temp file of this name is a crash's
             _remove_stale_temp_files(arena.dir, arena.name)
-        reason = "cache='rebuild'"
-        if policy == "reuse":
-            reason, w13, w2 = arena.load_cached(key)
+        refusal = arena.cache_refusal
+        reason = refusal or "cache='rebuild'"
+        if policy == "reuse" and not refusal:
+            reason, w13, w2 = arena.load_cached(key, verify == "full")
             if not reason:
                 _record(events, arena.name, True, "valid")
                 return w13, w2, True
@@ -138,12 +151,12 @@ def load_or_build(arena, key, policy: str, build, events: Optional[list] = None)
             _record(events, arena.name, False, reason)
             return None, None, False
         log.info("ktmoe cache: building %s in %s (%s)", arena.name, arena.dir, reason)
-        error = arena.begin_build()
+        error = "" if refusal else arena.begin_build()
         if error:
             log.info("ktmoe cache: %s cannot be kept: %s", arena.name, error)
         try:
             w13, w2 = build(arena)
-            if not error:
+            if not error and not refusal:
                 error = arena.commit_build(w13, w2, key)
                 if error:
                     log.warning("ktmoe cache: %s was not kept: %s", arena.name, error)
@@ -154,12 +167,8 @@ def load_or_build(arena, key, policy: str, build, events: Optional[list] = None)
 
 
 def _remove_stale_temp_files(directory: str, name: str) -> None:
-    prefix = name + CACHE_SUFFIX + ".tmp."
-    for n in os.listdir(directory):
-        if n.startswith(prefix):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, n))
-                log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
+    for n in _C.remove_stale_temp_files(directory, name):
+        log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
 
 
 def _record(events, name, hit, reason):

@@ -41,11 +41,18 @@ class KTMoE(nn.Module):
             when done, or on one background thread per arena.
         cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
             experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
-            file for the same weights exists, maps it read-only instead of
+            file for the same weights exists, maps it (copy on write) instead of
             packing; ``"rebuild"`` always packs and replaces the files; ``"off"``
             uses unnamed files that vanish with the process. Ignored without a
             directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
             :attr:`cache_events` tell what happened at the last load.
+        verify: how a kept cache file is checked before it is mapped:
+            ``"header"`` (default, instant: file header, size and every
+            expert's packed header) or ``"full"`` (also a checksum of all the
+            data; a mismatch rebuilds).
+        cache_trust_others: accept cache files and directories owned by
+            another user or writable by others (refused by default: the layer
+            then packs into an unnamed file and keeps nothing).
 
     ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
     returns the weighted sum of the routed experts, shaped and typed like
@@ -65,7 +72,8 @@ class KTMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
-                 hugepage: bool = True, warm: str = "none", cache: Optional[str] = None):
+                 hugepage: bool = True, warm: str = "none", cache: Optional[str] = None,
+                 verify: str = "header", cache_trust_others: bool = False):
         super().__init__()
         if warm not in WARM_MODES:
             raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
@@ -83,6 +91,7 @@ class KTMoE(nn.Module):
         if cache is not None:
             _cache.check_policy(cache)
         self.cache = "off" if self.mmap_experts_dir is None else (cache or "reuse")
+        self.verify, self.cache_trust_others = _cache.check_verify(verify), bool(cache_trust_others)
         self.cache_events: List[dict] = []  # last load: {name, hit, reason} per part
         self.cache_fingerprint: Optional[str] = None  # the fingerprint of the last load (pickling by file)
         self._hugepage, self._nodes = hugepage, nodes
@@ -159,7 +168,7 @@ class KTMoE(nn.Module):
         mapped = []
         for p in range(self.numa_parts):
             w13, w2, hit = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
-                                                "reuse", None, self.cache_events)
+                                                "reuse", None, self.cache_events, self.verify)
             if not hit:
                 return False
             mapped.append((w13, w2))
@@ -182,7 +191,8 @@ class KTMoE(nn.Module):
 
     def _make_arena(self, p: int) -> WeightArena:
         return WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}", hugepage=self._hugepage,
-                           numa_node=p % self._nodes if self._nodes > 1 else -1, persistent=self.cache != "off")
+                           numa_node=p % self._nodes if self._nodes > 1 else -1, persistent=self.cache != "off",
+                           trust_others=self.cache_trust_others)
 
     def _fresh_arena(self, p: int) -> WeightArena:
         # A cache file is built or mapped by a new arena; tensors of an earlier load keep theirs alive.
@@ -213,7 +223,7 @@ class KTMoE(nn.Module):
                     w13, w2 = build(self.arenas[p])
                 else:
                     w13, w2, _ = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
-                                                      self.cache, build, self.cache_events)
+                                                      self.cache, build, self.cache_events, self.verify)
                 setattr(self, f"w13_{p}", w13)
                 setattr(self, f"w2_{p}", w2)
         self.cache_fingerprint = fingerprint

@@ -63,7 +63,7 @@ def memory_report(per_layer: bool = False) -> dict:
     if per_layer:
         report["per_layer"] = [
             {k: a[k] for k in ("name", "dir", "file_backed_bytes", "anon_bytes", "resident_bytes", "fallbacks")}
-            for a in sorted(live, key=lambda a: int(a["key"].split(":")[1]))
+            for a in sorted(live, key=lambda a: a["id"])
         ]
     return report
 

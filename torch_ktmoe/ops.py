@@ -42,12 +42,23 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
     ``group_size``: int4 group along the input dimension (0: 32).
+
+    With an arena the outputs are taken from it and filled by
+    ``ktmoe::pack_experts_out``; then the arena's file starts writing back, so
+    packing more than RAM does not pile up dirty page cache.
     """
-    packed = torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size,
-                                          arena.key if arena is not None else "")
-    if arena is not None and hasattr(arena, "warn_fallback"):
+    if arena is None:
+        return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size)
+    shape13, shape2 = _C.packed_sizes(gate_up, up, down, weight_format, group_size)  # checks the arguments
+    w13, w2 = arena.empty(shape13), arena.empty(shape2)
+    if hasattr(arena, "warn_fallback"):
         arena.warn_fallback(stacklevel=2)
-    return packed
+    torch.ops.ktmoe.pack_experts_out(gate_up, up, down, weight_format, group_size, w13, w2)
+    try:
+        arena.writeback(False)  # only starts writeback: pages turn clean (reclaimable) early
+    except RuntimeError:
+        pass  # best effort: the data is in the page cache either way
+    return w13, w2
 
 
 @torch.library.register_fake("ktmoe::moe_forward")
@@ -60,8 +71,13 @@ def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2):
     return hidden_states.new_empty(hidden_states.shape)
 
 
+@torch.library.register_fake("ktmoe::pack_experts_out")
+def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
+    return None
+
+
 @torch.library.register_fake("ktmoe::pack_experts")
-def _pack_experts_fake(gate_up, up, down, weight_format, group_size, arena):
+def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
     experts, hidden = gate_up.shape[0], gate_up.shape[2]
     inter = gate_up.shape[1] if up is not None else gate_up.shape[1] // 2
     b13 = _C.packed_matrix_bytes(weight_format, "gate_up", 2 * inter, hidden, group_size)

@@ -9,10 +9,12 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <new>
 
 #include "arena/numa_first_touch.h"
+#include "common/posix_text.h"
 
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
@@ -23,10 +25,6 @@
 
 namespace ktmoe {
 namespace {
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-
-int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Why a name cannot be a file name under dir ("" if it can).
 std::string check_name(const std::string& name) {
@@ -57,6 +55,8 @@ std::string check_dir(const std::string& dir) {
 struct ProcessTotals {
   std::mutex mutex;
   ProcessArenaStats stats;
+  int64_t next_id = 0;
+  std::vector<std::weak_ptr<KtWeightArena>> arenas;  // creation order
 };
 ProcessTotals& totals() {
   static ProcessTotals* t = new ProcessTotals();  // never destroyed: arenas may outlive statics
@@ -69,41 +69,61 @@ std::shared_ptr<KtWeightArena> KtWeightArena::open(const std::string& dir, const
                                                    const ArenaOptions& options) {
   std::shared_ptr<KtWeightArena> arena(new KtWeightArena(dir, name, options));
   if (!dir.empty()) arena->open_file();
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  auto& list = totals().arenas;
+  list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
+  list.push_back(arena);
   return arena;
+}
+
+std::vector<std::shared_ptr<KtWeightArena>> KtWeightArena::live() {
+  std::lock_guard<std::mutex> lock(totals().mutex);
+  std::vector<std::shared_ptr<KtWeightArena>> out;
+  for (const auto& w : totals().arenas)
+    if (auto a = w.lock()) out.push_back(std::move(a));
+  return out;
 }
 
 KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptions& options)
     : dir_(std::move(dir)), name_(std::move(name)), options_(options) {
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas += 1;
+  id_ = totals().next_id++;
 }
 
 void KtWeightArena::open_file() {
   open_error_ = check_name(name_);
   if (open_error_.empty()) open_error_ = check_dir(dir_);
-  if (!open_error_.empty() || options_.persistent) return;
-  // An unnamed file (O_TMPFILE) needs no unlink; where the filesystem lacks it,
-  // create the named file and unlink it at once.
-  fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd_ < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-    const std::string path = dir_ + "/" + name_ + ".ktmoe." + std::to_string(getpid());
-    fd_ = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd_ >= 0) ::unlink(path.c_str());
+  if (!open_error_.empty()) return;
+  if (options_.persistent) {
+    struct stat st;
+    if (::stat(dir_.c_str(), &st) == 0)
+      cache_refusal_ = check_trusted(st, "directory '" + dir_ + "'", options_.trust_others);
+    if (cache_refusal_.empty()) return;  // the file comes from begin_build() / open_cached()
   }
-  if (fd_ < 0) open_error_ = errno_text(("cannot create a file in '" + dir_ + "'").c_str());
+  open_unnamed_file();
+}
+
+void KtWeightArena::open_unnamed_file() { file_ = BackingFile::unnamed(dir_, name_, &open_error_); }
+
+void KtWeightArena::refuse_cache(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!cache_refusal_.empty() || anonymous_mode()) return;
+  cache_refusal_ = reason;
+  if (!file_.valid() && open_error_.empty() && !holds_memory()) open_unnamed_file();
+}
+
+std::string KtWeightArena::cache_refusal() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cache_refusal_;
 }
 
 KtWeightArena::~KtWeightArena() {
   prefault_stop_.store(true);
   join_prefault();  // the background prefault reads slices that are unmapped below
-  for (const Slice& s : slices_) {
-    if (s.mapped)
-      ::munmap(s.addr, s.bytes);
-    else
-      std::free(s.addr);
-  }
-  if (fd_ >= 0) ::close(fd_);
-  if (!tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+  mapped_.clear();  // munmap
+  anon_.clear();    // free
+  file_ = BackingFile();  // close; an unkept temp build file is removed
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas -= 1;
   totals().stats.allocations -= stats_.allocations;
@@ -113,55 +133,24 @@ KtWeightArena::~KtWeightArena() {
 
 void* KtWeightArena::map_slice(int64_t n, std::string* error) {
   const int64_t bytes = round_up_to(n, kSliceAlign);
-  const int64_t offset = file_size_;
+  const int64_t offset = file_.size();
   // Reserve the blocks first: a full disk fails here, not as SIGBUS on a write fault.
-  if (int rc = ::posix_fallocate(fd_, offset, bytes); rc != 0) {
-    errno = rc;
-    *error = errno_text("fallocate");
-    if (::ftruncate(fd_, offset) != 0) { /* the file only keeps a hole past offset */ }
+  if (!file_.reserve(offset, bytes, error)) return nullptr;
+  MappedSlice slice = MappedSlice::map(file_.fd(), offset, bytes, MappedSlice::Mode::kShared, options_.hugepage, error);
+  if (!slice.addr()) {
+    file_.resize(offset);
     return nullptr;
   }
-  void* addr = map_range(fd_, offset, bytes, /*writable=*/true, error);
-  if (!addr) {
-    if (::ftruncate(fd_, offset) != 0) {}
-    return nullptr;
-  }
+  void* addr = slice.addr();
+  mapped_.push_back(std::move(slice));
   if (options_.numa_node >= 0) first_touch_on_node(addr, bytes, options_.numa_node, nullptr);
-  file_size_ = offset + bytes;
-  return addr;
-}
-
-void* KtWeightArena::map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error) {
-  // Map at a 2 MiB-aligned address so large folios can map a PMD at a time.
-  void* reserve = ::mmap(nullptr, bytes + kSliceAlign, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserve == MAP_FAILED) {
-    *error = errno_text("mmap (address reservation)");
-    return nullptr;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(reserve);
-  const uintptr_t aligned = (base + kSliceAlign - 1) & ~uintptr_t(kSliceAlign - 1);
-  void* addr = ::mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | (writable ? PROT_WRITE : 0),
-                      MAP_SHARED | MAP_FIXED, fd, offset);
-  if (addr == MAP_FAILED) {
-    *error = errno_text("mmap (MAP_SHARED)");
-    ::munmap(reserve, bytes + kSliceAlign);
-    return nullptr;
-  }
-  if (aligned > base) ::munmap(reserve, aligned - base);
-  const uintptr_t tail = aligned + bytes, end = base + bytes + kSliceAlign;
-  if (end > tail) ::munmap(reinterpret_cast<void*>(tail), end - tail);
-  // Advice is best effort: a kernel without THP for files still maps the slice.
-  ::madvise(addr, bytes, MADV_RANDOM);
-  if (options_.hugepage) ::madvise(addr, bytes, MADV_HUGEPAGE);
-  slices_.push_back({addr, bytes, true, offset});
   return addr;
 }
 
 void* KtWeightArena::alloc_anonymous(int64_t n) {
   void* p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();
-  slices_.push_back({p, n, false, -1});
+  anon_.emplace_back(p);
   return p;
 }
 
@@ -182,7 +171,7 @@ void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
   void* p = nullptr;
   if (!anonymous_mode()) {
     std::string error = open_error_;
-    if (fd_ >= 0 && !read_only_) p = map_slice(n, &error);
+    if (file_.valid() && !read_only_) p = map_slice(n, &error);
     else if (error.empty()) error = read_only_ ? "the cache file is read-only" : "no cache file is being built";
     if (!p) record_fallback("arena '" + name_ + "': " + error + "; using anonymous memory");
   }
@@ -202,24 +191,15 @@ void KtWeightArena::count_allocation(int64_t n, bool in_file) {
 }
 
 int64_t KtWeightArena::file_offset_locked(const void* p) const {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  for (const Slice& s : slices_) {
-    const auto b = reinterpret_cast<uintptr_t>(s.addr);
-    if (s.mapped && a >= b && a < b + uintptr_t(s.bytes)) return s.offset + int64_t(a - b);
-  }
+  for (const MappedSlice& s : mapped_)
+    if (s.contains(p))
+      return s.offset() + int64_t(static_cast<const char*>(p) - static_cast<const char*>(s.addr()));
   return -1;
 }
 
 bool KtWeightArena::writeback(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd_ < 0 || file_size_ == 0 || read_only_) return true;
-  const unsigned flags = SYNC_FILE_RANGE_WRITE |
-                         (wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WAIT_AFTER : 0u);
-  if (::sync_file_range(fd_, 0, file_size_, flags) != 0) {
-    if (error) *error = errno_text("sync_file_range");
-    return false;
-  }
-  return true;
+  return read_only_ || file_.writeback(wait, error);
 }
 
 std::string KtWeightArena::warn_once() {
@@ -231,7 +211,7 @@ std::string KtWeightArena::warn_once() {
 
 int64_t KtWeightArena::file_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return file_size_;
+  return file_.size();
 }
 
 ArenaStats KtWeightArena::stats() const {

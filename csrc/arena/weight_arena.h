@@ -22,29 +22,52 @@
 //
 // Persistence (weight_arena_cache.cpp), with options.persistent: no unnamed
 // file at open; instead begin_build() creates `<dir>/<name>.ktmoe.tmp.<pid>`,
-// allocations go into it, and commit_build() writes the cache header last,
-// fsyncs, renames it to `<name>.ktmoe` and fsyncs the directory (abort_build()
-// or the destructor remove an uncommitted temp file). open_cached() instead
-// validates an existing `<name>.ktmoe` against a CacheKey and maps its tensors
-// read-only. Locking between processes is the caller's (flock on the .lock).
+// allocations go into it, and commit_build() writes the cache header last
+// (with a checksum of each tensor's data), fsyncs, renames it to
+// `<name>.ktmoe` and fsyncs the directory (abort_build() or the destructor
+// remove an uncommitted temp file). open_cached() instead validates an existing
+// `<name>.ktmoe` against a CacheKey (tensor shapes + opaque key bytes the caller
+// judges; the arena knows nothing of MoE), runs the caller's check of the mapped
+// contents and, on request, the data checksums, and maps its tensors. Locking
+// between processes is the caller's (CacheLock, cache_lock.h).
+// Trust: a persistent arena never follows a symlink or opens a non-regular
+// file, and refuses a directory or cache file owned by another user or writable
+// by others (unless options.trust_others); a refused directory, or
+// refuse_cache(reason), turns the arena into an unnamed-file arena: still
+// file-backed, nothing kept, every cache call answers with the reason.
+// Kept files are mapped MAP_PRIVATE, PROT_READ|PROT_WRITE: reads share the
+// clean page cache, a write into a tensor copies that page privately (it
+// becomes anonymous memory) and never reaches the file. Truncating the file
+// under a live mapping makes reads past the new end raise SIGBUS (mmap's rule).
 //
 // Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
 // (drop the file's pages from memory), prefault() (warm the file, optionally
 // on one background I/O thread that the destructor stops and joins).
 //
+// Parts: BackingFile (backing_file.h) owns the file (create, reserve, write
+// back, keep atomically); MappedSlice (mapped_slice.h) owns each mapping;
+// cache_file.h the kept file's header and safe opening; cache_lock.h the lock;
+// numa_first_touch.h the placement; weight_arena_residency.cpp the residency
+// helpers (mincore, evict, prefault); weight_arena_cache.cpp persistence.
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
-// Tensors that view arena memory hold a shared_ptr to it (ops layer).
+// Tensors that view arena memory hold a shared_ptr to it (ops layer). live()
+// lists the arenas still alive (memory_report), without keeping any.
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "arena/backing_file.h"
 #include "arena/cache_file.h"
+#include "arena/mapped_slice.h"
+#include "common/parallel_for.h"
 
 namespace ktmoe {
 
@@ -66,6 +89,7 @@ struct ArenaOptions {
   bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices
   int numa_node = -1;      // first-touch node; -1: none
   bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
+  bool trust_others = false; // accept cache files/dirs of other users or writable by others
 };
 
 // Bytes of the file at `path` in the page cache (mincore over a read-only map);
@@ -74,7 +98,7 @@ int64_t file_resident_bytes(const std::string& path, std::string* error);
 
 class KtWeightArena {
  public:
-  static constexpr int64_t kSliceAlign = int64_t(2) << 20;  // 2 MiB
+  static constexpr int64_t kSliceAlign = MappedSlice::kAlign;  // 2 MiB
   static constexpr int64_t kAnonAlign = 64;
 
   // dir empty: anonymous mode. Otherwise tries to create the backing file
@@ -124,20 +148,33 @@ class KtWeightArena {
   // Persistent arenas only (see the note). begin_build: false with *error when
   // the temp file cannot be made (allocations then fall back with that reason).
   bool begin_build(std::string* error);
-  // Writes the header for the two tensors at `tensors` (w13, w2; both must be in
-  // the file), fsyncs, renames over the final name, fsyncs the directory. The
-  // slices become read-only. False with *error (the temp file is removed).
-  bool commit_build(const CacheKey& key, const void* const tensors[kCacheTensors], std::string* error);
+  // Writes the header for the tensors at `tensors` (key.shapes[i] bytes each,
+  // all in the file) with their data checksums and the key bytes, fsyncs,
+  // renames over the final name, fsyncs the directory. The slices become private
+  // copy-on-write mappings of the kept file. False with *error (temp file removed).
+  bool commit_build(const CacheKey& key, const std::vector<const void*>& tensors,
+                    const ParallelFor& parallel_for, std::string* error);
   void abort_build();  // removes an uncommitted temp file; no-op otherwise
-  // "" and tensors[] set when `<dir>/<name>.ktmoe` is valid for `expect` (mapped
-  // PROT_READ, MAP_SHARED); else why not ("missing", "stale: ...", ...).
-  std::string open_cached(const CacheKey& expect, void* tensors[kCacheTensors]);
+  // Checks the mapped tensors' contents (the caller's format); "" or why not.
+  using ContentCheck = std::function<std::string(const std::vector<void*>& tensors)>;
+  // "" and *tensors set when `<dir>/<name>.ktmoe` is a trusted regular file
+  // holding expect.shapes, check_key accepts its key, check accepts its contents
+  // and, with verify_data, every tensor's data checksum matches; else why not
+  // ("missing", "stale: ...", "corrupt: ...", "untrusted: ...", "not a regular
+  // file: ..."), nothing mapped.
+  std::string open_cached(const CacheKey& expect, const CacheKeyCheck& check_key, const ContentCheck& check,
+                          bool verify_data, const ParallelFor& parallel_for, std::vector<void*>* tensors);
+  // Gives up the cache for this arena (e.g. its lock path is a planted symlink):
+  // allocations go to an unnamed file; later cache calls answer `reason`.
+  void refuse_cache(const std::string& reason);
+  // Why this arena keeps and maps no cache file ("" if it may).
+  std::string cache_refusal() const;
   bool read_only() const { return read_only_; }
 
   // Reason of the first fallback, once; empty afterwards or if none.
   std::string warn_once();
 
-  bool file_mode() const { return fd_ >= 0; }   // backing file open
+  bool file_mode() const { return file_.valid(); }   // backing file open
   bool anonymous_mode() const { return dir_.empty(); }
   const std::string& dir() const { return dir_; }
   const std::string& name() const { return name_; }
@@ -146,13 +183,15 @@ class KtWeightArena {
   ArenaStats stats() const;
 
   static ProcessArenaStats process_stats();
+  // Every live arena, oldest first (a weak list: it keeps none alive).
+  static std::vector<std::shared_ptr<KtWeightArena>> live();
+  int64_t id() const { return id_; }  // creation order in this process
 
  private:
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
-  void* map_slice(int64_t n, std::string* error);
-  // Maps [offset, offset + bytes) of fd at a 2 MiB-aligned address, records the slice.
-  void* map_range(int fd, int64_t offset, int64_t bytes, bool writable, std::string* error);
+  void open_unnamed_file();  // file_ = an unnamed file, or open_error_
+  void* map_slice(int64_t n, std::string* error);  // a new kShared slice at the file's end
   void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
   int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
   void* alloc_anonymous(int64_t n);
@@ -164,22 +203,21 @@ class KtWeightArena {
   std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
   void run_prefault(const std::vector<Span>& spans);
 
-  struct Slice {
-    void* addr;
-    int64_t bytes;
-    bool mapped;     // munmap vs free
-    int64_t offset;  // in the file; -1 when anonymous
+  struct FreeDelete {
+    void operator()(void* p) const { std::free(p); }
   };
+  bool holds_memory() const { return !mapped_.empty() || !anon_.empty(); }
 
   const std::string dir_, name_;
   const ArenaOptions options_;
-  int fd_ = -1;
-  std::string tmp_path_;   // persistent build in progress: the temp file's path
-  bool read_only_ = false; // fd_ opened O_RDONLY (open_cached)
+  int64_t id_ = 0;
+  BackingFile file_;        // the file behind the slices (unnamed, a temp build, or a kept cache file)
+  bool read_only_ = false; // a kept file: mapped copy-on-write, never written
   std::string open_error_;
-  int64_t file_size_ = 0;
+  std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)
   mutable std::mutex mutex_;
-  std::vector<Slice> slices_;
+  std::vector<MappedSlice> mapped_;                       // file-backed slices (munmap by RAII)
+  std::vector<std::unique_ptr<void, FreeDelete>> anon_;  // anonymous allocations
   ArenaStats stats_;
   bool warned_ = false;
   // background prefault (weight_arena_residency.cpp)

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "arena/weight_arena.h"
+#include "common/posix_text.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -41,8 +42,6 @@ namespace ktmoe {
 namespace {
 
 constexpr int64_t kPrefaultStep = int64_t(64) << 20;
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 int64_t page_size() {
   static const int64_t p = ::sysconf(_SC_PAGESIZE);
@@ -61,11 +60,8 @@ int64_t mincore_resident(void* addr, int64_t bytes) {
 }  // namespace
 
 int64_t file_resident_bytes(const std::string& path, std::string* error) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = errno_text(("open '" + path + "'").c_str());
-    return -1;
-  }
+  const int fd = open_regular_file(path, error);  // no symlink, no FIFO
+  if (fd < 0) return -1;
   const off_t size = ::lseek(fd, 0, SEEK_END);
   int64_t resident = 0;
   if (size > 0) {
@@ -85,8 +81,7 @@ int64_t file_resident_bytes(const std::string& path, std::string* error) {
 std::vector<KtWeightArena::Span> KtWeightArena::mapped_spans() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Span> spans;
-  for (const Slice& s : slices_)
-    if (s.mapped) spans.push_back({s.addr, s.bytes});
+  for (const MappedSlice& s : mapped_) spans.push_back({s.addr(), s.bytes()});
   return spans;
 }
 
@@ -102,7 +97,7 @@ int64_t KtWeightArena::resident_bytes() const {
 }
 
 bool KtWeightArena::evict(std::string* error) {
-  if (fd_ < 0) return true;
+  if (!file_.valid()) return true;
   if (!writeback(/*wait=*/true, error)) return false;
   for (const Span& s : mapped_spans()) {
     if (::madvise(s.addr, static_cast<size_t>(s.bytes), MADV_DONTNEED) != 0) {
@@ -110,7 +105,7 @@ bool KtWeightArena::evict(std::string* error) {
       return false;
     }
   }
-  if (int rc = ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+  if (int rc = ::posix_fadvise(file_.fd(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
     errno = rc;
     if (error) *error = errno_text("posix_fadvise(POSIX_FADV_DONTNEED)");
     return false;
@@ -149,7 +144,7 @@ done:
 bool KtWeightArena::prefault(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(prefault_mutex_);
   if (prefault_thread_.joinable()) prefault_thread_.join();
-  if (fd_ < 0) return true;
+  if (!file_.valid()) return true;
   {
     std::lock_guard<std::mutex> status_lock(status_mutex_);
     prefault_status_ = "running";

@@ -19,13 +19,11 @@
 #include <cstdint>
 #include <functional>
 
+#include "common/parallel_for.h"
 #include "kernels/isa_kernels.h"
 
 namespace ktmoe {
 
-// parallel_for(n, grain, body): run body(begin, end) over a partition of [0, n).
-using ParallelFor =
-    std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>&)>;
 
 // The dtype of the activations x and of out (the model's dtype).
 enum class ActDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };

@@ -28,6 +28,9 @@
 // g (64, 128, ...) packed_matrix_header() uses kp = round_up(k, g), still a
 // multiple of 32 as the format requires.
 //
+// Non-finite weights are refused (std::domain_error naming row and column): int8's
+// max|w| and int4's min/max would drop a NaN and turn it into finite values.
+//
 // Deterministic: plain scalar arithmetic in a fixed order, no threads.
 #include "kernels/pack.h"
 
@@ -196,6 +199,11 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
 
 void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uint8_t* out) {
   check_header(header);
+  for (int64_t r = 0; r < header.n; ++r)  // before any byte is written
+    for (int64_t c = 0; c < header.k; ++c)
+      if (!std::isfinite(rows[r][c]))
+        throw std::domain_error(std::string(std::isnan(rows[r][c]) ? "nan" : "inf") + " at row " +
+                                std::to_string(r) + ", column " + std::to_string(c));
   std::memset(out, 0, static_cast<size_t>(header.total_bytes));
   std::memcpy(out, &header, sizeof(header));
   uint8_t* data = out + header.data_offset;

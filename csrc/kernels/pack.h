@@ -19,7 +19,8 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
 // rows(r) gives a pointer to dense row r (k floats), r < n; for kGateUp rows
 // 0..I-1 are gate rows and I..2I-1 up rows (so kt-kernel's separate gate/up
 // tensors need no concatenation). Writes the header, data and scales, and zeroes
-// every padded byte. Deterministic: same input, same bytes.
+// every padded byte. Deterministic: same input, same bytes. A NaN or Inf weight
+// throws std::domain_error ("nan at row r, column c") before anything is written.
 void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uint8_t* out);
 
 }  // namespace ktmoe

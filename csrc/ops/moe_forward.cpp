@@ -10,44 +10,14 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cstring>
-
 #include "kernels/moe_driver.h"
 #include "kernels/packed_format.h"
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
+#include "ops/packed_weight_check.h"
 #include "ops/weight_format.h"
 
 namespace ktmoe {
-namespace {
-
-// Validates a packed [E, bytes] tensor and returns expert 0's header (all equal).
-const PackedMatrixHeader& check_packed(const at::Tensor& w, const char* name, MatrixRole role) {
-  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2,
-              "ktmoe::moe_forward: ", name, " must be a packed uint8 CPU tensor [E, bytes] from ",
-              "ktmoe::pack_experts, got ", w.scalar_type(), " ", w.sizes());
-  TORCH_CHECK(w.size(0) > 0 && w.size(1) >= int64_t(sizeof(PackedMatrixHeader)) && w.stride(1) == 1 &&
-                  w.stride(0) == w.size(1) && w.size(1) % 64 == 0,
-              "ktmoe::moe_forward: ", name, " must be a contiguous [E, bytes] packed tensor, got ",
-              w.sizes(), " strides ", w.strides());
-  const auto* base = w.data_ptr<uint8_t>();
-  const auto* h = reinterpret_cast<const PackedMatrixHeader*>(base);
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(base) % 64 == 0, "ktmoe::moe_forward: ", name,
-              " must be 64-byte aligned");
-  TORCH_CHECK(h->magic == kPackedMagic && h->version == kPackedVersion, "ktmoe::moe_forward: ",
-              name, " is not packed expert data (bad header magic/version)");
-  TORCH_CHECK(h->role == uint8_t(role), "ktmoe::moe_forward: ", name, " holds packed ",
-              h->role == uint8_t(MatrixRole::kGateUp) ? "gate_up" : "down",
-              " weights in the wrong argument position");
-  TORCH_CHECK(h->total_bytes == w.size(1), "ktmoe::moe_forward: ", name, " rows are ", w.size(1),
-              " bytes but the header says ", h->total_bytes);
-  for (int64_t e = 1; e < w.size(0); ++e)
-    TORCH_CHECK(std::memcmp(base + e * w.size(1), h, sizeof(PackedMatrixHeader)) == 0,
-                "ktmoe::moe_forward: ", name, " expert ", e, " has a header that differs from expert 0");
-  return *h;
-}
-
-}  // namespace
 
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2) {
@@ -69,8 +39,8 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
               "ktmoe::moe_forward: topk_ids must be [T, k] with T = ", tokens, ", got ", topk_ids.sizes());
   TORCH_CHECK(topk_weights.sizes() == topk_ids.sizes(), "ktmoe::moe_forward: topk_weights ",
               topk_weights.sizes(), " must have the shape of topk_ids ", topk_ids.sizes());
-  const PackedMatrixHeader& h13 = check_packed(w13, "w13", MatrixRole::kGateUp);
-  const PackedMatrixHeader& h2 = check_packed(w2, "w2", MatrixRole::kDown);
+  const PackedMatrixHeader& h13 = check_packed_weight(w13, "w13", MatrixRole::kGateUp);
+  const PackedMatrixHeader& h2 = check_packed_weight(w2, "w2", MatrixRole::kDown);
   // shapes
   const int64_t experts = w13.size(0), inter = h13.n / 2;
   TORCH_CHECK(w2.size(0) == experts, "ktmoe::moe_forward: w13 has ", experts, " experts but w2 has ",

@@ -4,6 +4,8 @@
 
 #include <tuple>
 
+#include "kernels/packed_format.h"
+
 namespace ktmoe {
 
 // hidden_states [T, H] bf16|fp32, topk_ids [T, k] int32|int64, topk_weights [T, k]
@@ -12,12 +14,27 @@ namespace ktmoe {
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2);
 
+// What pack_experts will make of its inputs (after every argument check): E and
+// the packed headers of w13 (gate_up) and w2 (down); each output is [E, total_bytes].
+struct PackPlan {
+  int64_t experts = 0;
+  PackedMatrixHeader h13{}, h2{};
+};
+PackPlan plan_pack(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                   c10::string_view weight_format, int64_t group_size);
+
 // gate_up [E, 2I, H] (or gate [E, I, H] with up [E, I, H]), down [E, H, I]
-// -> (w13 [E, B13], w2 [E, B2]) uint8, in the arena with key `arena` ("" = heap).
+// -> (w13 [E, B13], w2 [E, B2]) uint8 on the default CPU allocator.
 std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
                                                 const c10::optional<at::Tensor>& up,
                                                 const at::Tensor& down, c10::string_view weight_format,
-                                                int64_t group_size, c10::string_view arena);
+                                                int64_t group_size);
+
+// The same into outputs the caller allocated (e.g. from a WeightArena):
+// w13 [E, B13], w2 [E, B2] uint8, contiguous, 64-byte aligned; written in full.
+void pack_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                      c10::string_view weight_format, int64_t group_size, const at::Tensor& w13,
+                      const at::Tensor& w2);
 
 // Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,

@@ -1,18 +1,22 @@
-// [NOTE] ktmoe::pack_experts: dense expert weights -> packed [E, bytes] tensors.
+// [NOTE] ktmoe::pack_experts / pack_experts_out: dense expert weights -> packed
+// [E, bytes] tensors.
 //
 // Accepts the Hugging Face layout (gate_up_proj [E, 2I, H]: gate rows then up
 // rows; down_proj [E, H, I]) or kt-kernel's separate gate/up [E, I, H]. fp32,
-// bf16 or fp16. Output tensors live in the arena named by `arena` (empty: the
-// default CPU allocator). Experts are packed in parallel, one expert matrix per
-// task, straight into the output: no second copy of the layer is made.
-// Order: checks -> shapes -> allocation -> pack.
+// bf16 or fp16. pack_experts allocates its outputs on the default CPU
+// allocator; pack_experts_out packs into outputs the caller allocated (Python
+// takes them from a WeightArena: no op knows about arenas). Experts are packed
+// in parallel, one expert matrix per task, straight into the output: no second
+// copy of the layer is made.
+// Order: checks -> shapes (plan_pack) -> allocation or output checks -> pack.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/pack.h"
-#include "ops/arena_registry.h"
 #include "ops/ops.h"
 #include "ops/weight_format.h"
 
@@ -29,12 +33,16 @@ void check_dense(const at::Tensor& t, const char* name) {
               t.scalar_type());
 }
 
-// Packs experts' matrices: rows of expert e come from parts (each [E, r_i, k]) in order.
-at::Tensor pack_role(const std::vector<at::Tensor>& parts, const PackedMatrixHeader& header,
-                     const std::string& arena) {
+// Packs experts' matrices into out [E, total_bytes]: rows of expert e come from
+// parts (each [E, r_i, k]) in order. A non-finite weight is an error naming the
+// lowest such expert (`what`: gate_up, gate/up or down).
+void pack_role(const std::vector<at::Tensor>& parts, const PackedMatrixHeader& header, const at::Tensor& out,
+               const char* what) {
   const int64_t experts = parts[0].size(0);
-  at::Tensor out = arena_empty(arena, {experts, header.total_bytes});
   uint8_t* base = out.data_ptr<uint8_t>();
+  std::mutex bad_mutex;
+  int64_t bad_expert = -1;
+  std::string bad_reason;
   at::parallel_for(0, experts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       std::vector<at::Tensor> dense;
@@ -44,18 +52,36 @@ at::Tensor pack_role(const std::vector<at::Tensor>& parts, const PackedMatrixHea
         const float* d = dense.back().data_ptr<float>();
         for (int64_t r = 0; r < p.size(1); ++r) rows.push_back(d + r * p.size(2));
       }
-      pack_matrix(header, rows.data(), base + e * header.total_bytes);
+      try {
+        pack_matrix(header, rows.data(), base + e * header.total_bytes);
+      } catch (const std::domain_error& err) {
+        std::lock_guard<std::mutex> lock(bad_mutex);
+        if (bad_expert < 0 || e < bad_expert) {
+          bad_expert = e;
+          bad_reason = err.what();
+        }
+      }
     }
   });
-  return out;
+  TORCH_CHECK(bad_expert < 0, "ktmoe::pack_experts: non-finite weight (", bad_reason, ") in expert ", bad_expert,
+              " of ", what, ": NaN/Inf weights are refused, they would silently poison (int8/int4: "
+              "hide) every output of the expert");
+}
+
+// An output the caller allocated: uint8 CPU [E, bytes], contiguous, 64-byte aligned.
+void check_output(const at::Tensor& out, const char* name, int64_t experts, int64_t bytes) {
+  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kByte && out.dim() == 2 &&
+                  out.size(0) == experts && out.size(1) == bytes && out.is_contiguous(),
+              "ktmoe::pack_experts_out: ", name, " must be a contiguous uint8 CPU tensor [", experts, ", ", bytes,
+              "], got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 64 == 0, "ktmoe::pack_experts_out: ", name,
+              " must be 64-byte aligned");
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
-                                                const c10::optional<at::Tensor>& up,
-                                                const at::Tensor& down, c10::string_view weight_format,
-                                                int64_t group_size, c10::string_view arena) {
+PackPlan plan_pack(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                   c10::string_view weight_format, int64_t group_size) {
   // checks
   const WeightFormat format = parse_weight_format(std::string(weight_format));
   check_dense(gate_up, up ? "gate" : "gate_up");
@@ -65,38 +91,52 @@ std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
               "ktmoe::pack_experts: group_size must be 0 (default) or a positive multiple of ",
               kAlignK, ", got ", group_size);
   // shapes
-  const int64_t experts = gate_up.size(0), hidden = gate_up.size(2);
+  PackPlan plan;
+  plan.experts = gate_up.size(0);
+  const int64_t hidden = gate_up.size(2);
   int64_t inter = 0;
-  std::vector<at::Tensor> gate_up_parts;
   if (up) {
     inter = gate_up.size(1);
     TORCH_CHECK(up->sizes() == gate_up.sizes(), "ktmoe::pack_experts: up ", up->sizes(),
                 " must have the shape of gate ", gate_up.sizes());
-    gate_up_parts = {gate_up, *up};
   } else {
     TORCH_CHECK(gate_up.size(1) % 2 == 0, "ktmoe::pack_experts: gate_up [E, 2I, H] needs an even ",
                 "row count, got ", gate_up.sizes());
     inter = gate_up.size(1) / 2;
-    gate_up_parts = {gate_up};
   }
-  TORCH_CHECK(experts > 0 && inter > 0 && hidden > 0, "ktmoe::pack_experts: empty weights ",
+  TORCH_CHECK(plan.experts > 0 && inter > 0 && hidden > 0, "ktmoe::pack_experts: empty weights ",
               gate_up.sizes());
-  TORCH_CHECK(down.size(0) == experts && down.size(1) == hidden && down.size(2) == inter,
-              "ktmoe::pack_experts: down must be [E, H, I] = [", experts, ", ", hidden, ", ", inter,
+  TORCH_CHECK(down.size(0) == plan.experts && down.size(1) == hidden && down.size(2) == inter,
+              "ktmoe::pack_experts: down must be [E, H, I] = [", plan.experts, ", ", hidden, ", ", inter,
               "], got ", down.sizes());
-  const PackedMatrixHeader h13 =
-      packed_matrix_header(format, MatrixRole::kGateUp, 2 * inter, hidden, group_size);
-  const PackedMatrixHeader h2 = packed_matrix_header(format, MatrixRole::kDown, hidden, inter, group_size);
-  for (const PackedMatrixHeader* h : {&h13, &h2})
+  plan.h13 = packed_matrix_header(format, MatrixRole::kGateUp, 2 * inter, hidden, group_size);
+  plan.h2 = packed_matrix_header(format, MatrixRole::kDown, hidden, inter, group_size);
+  for (const PackedMatrixHeader* h : {&plan.h13, &plan.h2})
     TORCH_CHECK(h->group == 0 || h->kp % h->group == 0, "ktmoe::pack_experts: group_size ",
                 h->group, " does not divide the padded input size ", h->kp);
-  // allocation + pack
-  const std::string key(arena);
-  at::Tensor w13 = pack_role(gate_up_parts, h13, key);
-  at::Tensor w2 = pack_role({down}, h2, key);
-  // Start writing the layer back so its pages turn clean (reclaimable) early:
-  // packing more than RAM must not pile up dirty page cache.
-  if (!key.empty()) find_arena(key)->writeback(/*wait=*/false, nullptr);
+  return plan;
+}
+
+void pack_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                      c10::string_view weight_format, int64_t group_size, const at::Tensor& w13,
+                      const at::Tensor& w2) {
+  const PackPlan plan = plan_pack(gate_up, up, down, weight_format, group_size);
+  check_output(w13, "w13", plan.experts, plan.h13.total_bytes);
+  check_output(w2, "w2", plan.experts, plan.h2.total_bytes);
+  std::vector<at::Tensor> gate_up_parts = {gate_up};
+  if (up) gate_up_parts.push_back(*up);
+  pack_role(gate_up_parts, plan.h13, w13, up ? "gate/up" : "gate_up");
+  pack_role({down}, plan.h2, w2, "down");
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
+                                                const at::Tensor& down, c10::string_view weight_format,
+                                                int64_t group_size) {
+  const PackPlan plan = plan_pack(gate_up, up, down, weight_format, group_size);
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor w13 = at::empty({plan.experts, plan.h13.total_bytes}, bytes);
+  at::Tensor w2 = at::empty({plan.experts, plan.h2.total_bytes}, bytes);
+  pack_experts_out(gate_up, up, down, weight_format, group_size, w13, w2);
   return {w13, w2};
 }
 

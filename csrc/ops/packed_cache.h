@@ -1,7 +1,12 @@
 // [NOTE] The ops side of the persistent packed cache: what a layer part's cache
-// file must contain (CacheKey with the packed shapes the kernels expect) and the
-// tensors it maps to. The file format itself is csrc/arena/cache_file.h; the
-// atomic build / read-only map is KtWeightArena (weight_arena_cache.cpp).
+// file must contain and the tensors it maps to. The arena's file format
+// (csrc/arena/cache_file.h) holds tensor entries and opaque key bytes; this file
+// defines those bytes for packed experts (PackedCacheKey: weight format, group,
+// E/H/I, the part's intermediate range, NUMA part, packed-layout version, source
+// fingerprint), judges a stored key against the wanted one field by field
+// ("stale: weight format is ..."), and checks every expert's packed header in a
+// mapped file. The atomic build / copy-on-write map is KtWeightArena
+// (weight_arena_cache.cpp).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -13,18 +18,47 @@
 
 namespace ktmoe {
 
+constexpr int64_t kMaxFingerprintBytes = 256;
+
+// What a layer part's cache file must hold (the MoE meaning of the key bytes).
+struct PackedCacheKey {
+  std::string weight_format;   // "bf16" | "int8" | "int4"
+  int64_t group_size = 0;      // as given to pack_experts (0: default)
+  int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I of the whole layer
+  int64_t inter_lo = 0, inter_hi = 0;          // this part's intermediate columns
+  int64_t numa_part = 0;
+  uint32_t packed_version = 0;                 // kPackedVersion of the kernels
+  std::string fingerprint;                     // <= kMaxFingerprintBytes
+  int64_t w13_bytes = 0, w2_bytes = 0;         // packed row sizes (derived)
+
+  std::string to_bytes() const;
+  // The key stored in a file; false (and *why) if the bytes are not one.
+  static bool from_bytes(const std::string& bytes, PackedCacheKey* key, std::string* why);
+  CacheKey arena_key() const;  // key bytes + [E, w13_bytes], [E, w2_bytes]
+};
+
 // The key of NUMA part `part` (intermediate columns [inter_lo, inter_hi)) of a
 // layer with E experts, hidden H, intermediate I, packed as `weight_format`.
-CacheKey packed_cache_key(const std::string& weight_format, int64_t group_size, int64_t experts,
-                          int64_t hidden, int64_t inter, int64_t inter_lo, int64_t inter_hi,
-                          int64_t numa_part, const std::string& fingerprint);
+PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_size, int64_t experts,
+                                int64_t hidden, int64_t inter, int64_t inter_lo, int64_t inter_hi,
+                                int64_t numa_part, const std::string& fingerprint);
 
 // "" and (w13, w2) viewing the arena's valid cache file, or why it is not usable.
-std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const CacheKey& key,
-                              at::Tensor* w13, at::Tensor* w2);
+// Always checks every expert's packed header against the key (a forged field is
+// "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
+// data checksums (reads every byte).
+std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                              bool verify_data, at::Tensor* w13, at::Tensor* w2);
 
 // Commits a build whose w13/w2 were packed into the arena; "" or the error.
-std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const CacheKey& key,
+std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
                                 const at::Tensor& w13, const at::Tensor& w2);
+
+// The header and stored key of the cache file at `path` as `inspect` shows them;
+// "" if the file is valid as it describes itself (the checks of a load against
+// its own key; verify_data: data checksums too), else why not. *key is set when
+// the header is readable and its key bytes decode.
+std::string inspect_packed_cache_file(const std::string& path, bool verify_data, CacheHeader* header,
+                                      int64_t* file_bytes, PackedCacheKey* key, bool* key_ok);
 
 }  // namespace ktmoe

@@ -120,8 +120,15 @@ uint16_t ref_bf16(float f) {
 }
 float ref_bf16_value(float f) { return bf16_value(ref_bf16(f)); }
 
-// Independent int8 row quantizer (spec of quantize_rows).
+// Independent int8 row quantizer (spec of quantize_rows). A row holding a NaN
+// or Inf: scale NaN, q 0 (so the token's output is non-finite).
 float ref_quantize_row(const float* x, int64_t k, int64_t kp, int8_t* q) {
+  bool finite = true;
+  for (int64_t c = 0; c < k; ++c) finite = finite && std::isfinite(x[c]);
+  if (!finite) {
+    for (int64_t c = 0; c < kp; ++c) q[c] = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   float amax = 0.f;
   for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
   float s = amax / 127.f;
@@ -374,6 +381,22 @@ void test_pack_errors() {
     threw2 = true;
   }
   check(threw && threw2, "pack: bad arguments rejected (int4 group 48, odd kGateUp n)");
+  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kINT8, WeightFormat::kINT4}) {
+    const PackedMatrixHeader h = packed_matrix_header(f, MatrixRole::kPlain, 16, 64, 0);
+    std::vector<float> w(16 * 64, 0.25f);
+    w[5 * 64 + 7] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<const float*> rows;
+    for (int r = 0; r < 16; ++r) rows.push_back(w.data() + r * 64);
+    AlignedBytes out(size_t(h.total_bytes), 0xAB);
+    std::string what;
+    try {
+      pack_matrix(h, rows.data(), out.get());
+    } catch (const std::domain_error& e) {
+      what = e.what();
+    }
+    check(what == "nan at row 5, column 7" && out.get()[0] == 0xAB,
+          strf("pack [%d]: a NaN weight is refused before anything is written ('%s')", int(f), what.c_str()));
+  }
 }
 
 // ---------------------------------------------------------------- ISA tables
@@ -579,6 +602,10 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
           for (int64_t c = 0; c < k; ++c) x[size_t(r * ldx + c)] = float(rng.gauss() * (r + 1));
         if (m > 1)  // an all-zero row: scale 1, q 0
           for (int64_t c = 0; c < k; ++c) x[size_t(1 * ldx + c)] = 0.f;
+        if (m > 4) {  // non-finite rows: a NaN in the last (tail) column, an Inf in the first
+          x[size_t(3 * ldx + k - 1)] = std::numeric_limits<float>::quiet_NaN();
+          x[size_t(4 * ldx)] = -std::numeric_limits<float>::infinity();
+        }
         if (m > 2 && k >= 31) {  // ties: scale exactly 1, x = +-n.5 round away from zero
           const float ties[] = {127.f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, -1.5f, 126.5f, -126.5f, 0.49999997f};
           for (int i = 0; i < 10; ++i) x[size_t(2 * ldx + i)] = ties[i];
@@ -607,7 +634,7 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
     }
   }
   check(bad == 0, strf("quantize_rows [%s] %lld shapes (k={1,31,200}, group={32,kp}, M={1,3,17}, "
-                       "zero row, .5 ties): q, scale, group sums exact (mismatches %lld)",
+                       "zero row, .5 ties, NaN/Inf rows): q, scale, group sums exact (mismatches %lld)",
                        isa.name, (long long)cases, (long long)bad));
 }
 

@@ -6,12 +6,13 @@
 // gsum[G] = Σ q over columns [G·group, (G+1)·group). The quotient is a true
 // division (vdivps), like the scalar definition, so every ISA gives the same bytes.
 // Rounding: t = x/scale, r = trunc(t); t − r is exact, and |t − r| >= 0.5 adds
-// sign(t): exactly std::round. NaN inputs are ignored by the max (vmaxps returns
-// its second operand, the running max, when one is NaN) and quantize to -127, as in
-// the generic kernel. 32 columns per step: 4 x 8 int32 are narrowed with
+// sign(t): exactly std::round. A row holding a NaN or Inf (vmaxps drops NaN, so
+// an unordered compare finds it) gets scale = NaN, q = 0 and sums 0, as in the
+// generic kernel: that token's output is non-finite. 32 columns per step: 4 x 8 int32 are narrowed with
 // vpackssdw / vpacksswb and one cross-lane permute. Group sums use vpmaddubsw with
 // ones (u8 1 · s8 q, pairs ≤ 254) then vpmaddwd with ones to int32.
 #include <cmath>
+#include <limits>
 
 #include "kernels/avx2/avx2_util.h"
 
@@ -29,17 +30,24 @@ inline __m256i round_half_away_epi32(__m256 t) {
   return _mm256_max_epi32(_mm256_min_epi32(i, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
 }
 
+// max|x| of a row, or NaN when the row holds a NaN or Inf.
 float row_absmax(const float* x, int64_t k) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+  __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
-    m0 = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(x + c)), m0);
-    m1 = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(x + c + 8)), m1);
+    const __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+    m0 = _mm256_max_ps(_mm256_and_ps(abs_mask, a), m0);
+    m1 = _mm256_max_ps(_mm256_and_ps(abs_mask, b), m1);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
   }
   float amax = hmax8(_mm256_max_ps(m0, m1));
-  for (; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
-  return amax;
+  bool finite = _mm256_movemask_ps(nan) == 0;
+  for (; c < k; ++c) {
+    amax = std::max(amax, std::fabs(x[c]));
+    finite &= !std::isnan(x[c]);
+  }
+  return finite && std::isfinite(amax) ? amax : std::numeric_limits<float>::quiet_NaN();
 }
 
 // q[c] for c < k (x/scale rounded), 0 for k <= c < kp.
@@ -85,6 +93,12 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp
                    int64_t gsum_ld) {
   for (int64_t r = 0; r < m; ++r) {
     const float amax = row_absmax(x + r * ldx, k);
+    if (std::isnan(amax)) {  // NaN/Inf in the row: its result must not come out finite
+      scale[r] = amax;
+      for (int64_t c = 0; c < kp; ++c) q[r * ldq + c] = 0;  // plain loops: no std:: template
+      for (int64_t G = 0; G < kp / group; ++G) gsum[r * gsum_ld + G] = 0;  // copies in ISA objects
+      continue;
+    }
     float s = amax / 127.0f;
     if (!(s > 0.0f)) s = 1.0f;
     scale[r] = s;

@@ -10,7 +10,8 @@
 //                  underflows to 0), q = round half away from zero of (x / scale),
 //                  clamped to [-127, 127] -- a true IEEE division, as the spec
 //                  writes it, not x * (1/scale), so the int8 values match a scalar
-//                  std::round(x / scale) bit for bit; rounding is done exactly as
+//                  std::round(x / scale) bit for bit; a row holding a NaN or Inf
+//                  gets scale = NaN, q = 0, sums 0 (as the generic kernel); rounding is done exactly as
 //                  std::round: t = trunc(v), t += sign(v) where |v - t| >= 0.5
 //                  (v - t is exact). Group sums of q are exact int32.
 //   to_bf16:       round to nearest even on the integer bits (vcvtneps2bf16 would
@@ -19,6 +20,9 @@
 //                  even (overflow -> inf, denormals kept, NaN quiet), the rules of
 //                  the generic f16_scalar.h, for the activations of fp16 models.
 #include <immintrin.h>
+
+#include <cmath>
+#include <limits>
 
 #include "kernels/avx512/avx512_common.h"
 #include "kernels/isa_kernels.h"
@@ -81,11 +85,19 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
     __m512 amax = _mm512_setzero_ps();
+    __mmask16 nan = 0;
     for (int64_t c = 0; c < k; c += 16) {
       const __m512 v = _mm512_maskz_loadu_ps(first_lanes(k - c), xr + c);
       amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
     const float mx = _mm512_reduce_max_ps(amax);
+    if (nan || !std::isfinite(mx)) {  // NaN/Inf in the row: its result must not come out finite
+      scale[r] = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t c = 0; c < kp; ++c) q[r * ldq + c] = 0;  // plain loops: no std:: template
+      for (int64_t G = 0; G < kp / group; ++G) gsum[r * gsum_ld + G] = 0;  // copies in ISA objects
+      continue;
+    }
     float s = mx / 127.f;
     if (!(s > 0.f)) s = 1.f;  // all-zero row, or max|x| so small that s underflows
     scale[r] = s;

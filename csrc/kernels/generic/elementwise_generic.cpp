@@ -3,6 +3,8 @@
 //   quantize_rows  per row: scale = max|x| / 127 (1 if the row is all zero),
 //                  q = round-half-away-from-zero(x / scale) in [-127, 127], zero
 //                  padding to kp, and the int32 sums of q per group of columns.
+//                  A row holding a NaN or Inf gets scale = NaN, q = 0, sums 0, so
+//                  that token's output is non-finite as in bf16 (every ISA alike).
 //   to_bf16        fp32 -> bf16, round-to-nearest-even, NaN stays (quiet) NaN.
 //   f16_to_f32     fp16 -> fp32 (exact), f32_to_f16 fp32 -> fp16 (RNE): the
 //                  activation prep and output of fp16 models (f16_scalar.h).
@@ -10,6 +12,7 @@
 // in fp32), which is the same as std::round but vectorizes with SSE2.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/generic/bf16_scalar.h"
 #include "kernels/generic/f16_scalar.h"
@@ -31,7 +34,17 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp
     const float* xr = x + r * ldx;
     int8_t* qr = q + r * ldq;
     float amax = 0.f;
-    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(xr[c]));
+    bool finite = true;
+    for (int64_t c = 0; c < k; ++c) {
+      amax = std::max(amax, std::fabs(xr[c]));
+      finite &= std::isfinite(xr[c]);
+    }
+    if (!finite) {  // NaN/Inf: the row's result must not come out finite
+      std::fill(qr, qr + kp, int8_t{0});
+      scale[r] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(gsum + r * gsum_ld, gsum + r * gsum_ld + kp / group, 0);
+      continue;
+    }
     float s = amax / 127.f;
     if (!(s > 0.f)) s = 1.f;  // all-zero row (or max|x| so small that s underflows)
     for (int64_t c = 0; c < k; ++c) {
