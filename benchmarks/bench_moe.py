@@ -9,7 +9,9 @@ Per (shape, format, T, threads): ms of a whole layer (gate+up+down), median and 
 experts, packed, / time); GFLOP/s; ratios to the roofs measured in this run on the same threads:
   * read roof: a streaming read of 512 MiB with the widest loads of this CPU (benchmarks/roofs.py;
     works on AVX-512 and AVX2 hosts alike);
-  * matmul roof: dense bf16 torch.matmul [T*k, H] x [H, 3I] (the layer's FLOP count).
+  * compute roof: the peak rate of the bf16 gemm's multiply instruction (vdpbf16ps on AVX-512
+    BF16, 256-bit fp32 FMA on AVX2), 12 independent chains per thread;
+  * matmul: dense bf16 torch.matmul [T*k, H] x [H, 3I] (the layer's FLOP count), what torch reaches.
 Every call takes the next of 16 routings, so the experts read are cold, as in serving.
 
 llama.cpp (``make peers`` builds its ggml CPU backend and benchmarks/llama_peer/) runs the same
@@ -30,7 +32,8 @@ import torch
 
 import torch_ktmoe
 from benchmarks import llama_peer
-from benchmarks.roofs import matmul_roof_gflops, read_roof_gbps, read_roof_isa
+from benchmarks.roofs import (compute_roof_gflops, compute_roof_instruction, matmul_roof_gflops, read_roof_gbps,
+                              read_roof_isa)
 from torch_ktmoe import ops
 
 SHAPES = {  # name: (E, k, H, I)
@@ -80,11 +83,11 @@ def bench_shape(name, args, llama_ok, results):
     roofs = {}
     for th in args.threads:
         torch.set_num_threads(th)
-        roofs[th] = {"read_GBps": read_roof_gbps(th),
+        roofs[th] = {"read_GBps": read_roof_gbps(th), "compute_GFLOPs": compute_roof_gflops(th),
                      "matmul_GFLOPs": {t: matmul_roof_gflops(t, top_k, hidden, inter, args.reps)
                                        for t in args.tokens if t >= 32}}
         print(f"[{name}] {th} thread(s): read roof {roofs[th]['read_GBps']:.1f} GB/s (measured again in every "
-              "round of every point), bf16 matmul roof "
+              f"round of every point), compute roof {roofs[th]['compute_GFLOPs']:.0f} GFLOP/s, bf16 torch.matmul "
               + ", ".join(f"T={t}: {v:.0f} GFLOP/s" for t, v in roofs[th]["matmul_GFLOPs"].items()), flush=True)
     routes = {t: routings(t, experts, top_k, ROUTINGS, seed=t) for t in args.tokens}
     for fmt in args.formats:
@@ -104,6 +107,7 @@ def bench_shape(name, args, llama_ok, results):
                     row["read_roof_frac"] = row["weight_GBps"] / row["read_GBps"]
                     mm = roofs[th]["matmul_GFLOPs"].get(t)
                     row["matmul_roof_frac"] = row["GFLOPs"] / mm if mm else None
+                    row["compute_roof_frac"] = row["GFLOPs"] / roofs[th]["compute_GFLOPs"] if t >= 32 else None
                     if llama is not None:
                         row["llama_read_roof_frac"] = (distinct * llama.expert_bytes / row["llama_ms"] / 1e6
                                                        / row["read_GBps"])
@@ -142,8 +146,8 @@ def point_line(row):
     s = (f"[{row['shape']}] {row['format']:4} T={row['tokens']:<5} {row['threads']}t  {row['ms']:9.3f} ms "
          f"(min {row['ms_min']:.3f})  {row['weight_GBps']:6.1f} GB/s ({100 * row['read_roof_frac']:5.1f}% read roof)"
          f"  {row['GFLOPs']:7.1f} GFLOP/s")
-    if row["matmul_roof_frac"]:
-        s += f" ({100 * row['matmul_roof_frac']:.0f}% matmul roof)"
+    if row["compute_roof_frac"]:
+        s += f" ({100 * row['compute_roof_frac']:.0f}% compute roof, {100 * row['matmul_roof_frac']:.0f}% of torch.matmul)"
     if "llama_ms" in row:
         s += (f" | llama.cpp {row['llama_type']} {row['llama_ms']:.3f} ms (min {row['llama_ms_min']:.3f}, "
               f"{100 * row['llama_read_roof_frac']:.0f}% read roof) -> ours {row['llama_over_ours']:.2f}x")
@@ -203,16 +207,17 @@ def summary_table(results):
             peer_best[key] = p
     peer_names = sorted({p["peer"] for p in results["peers"]})
     header = ["shape", "format", "T", "threads", "ms (median / min)", "weight GB/s", "% read roof", "GFLOP/s",
-              "% bf16 matmul roof"]
+              "% compute roof", "% of torch bf16 matmul"]
     if has_llama:
         header += ["llama.cpp", "llama.cpp ms (median / min)", "llama.cpp % read roof", "llama.cpp / ours"]
     header += [f"{n} ms (ours x faster)" for n in peer_names]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     order = lambda r: (list(SHAPES).index(r["shape"]), FORMATS.index(r["format"]), r["tokens"], r["threads"])  # noqa
     for r in sorted(results["rows"], key=order):
-        mm = f"{100 * r['matmul_roof_frac']:.0f}%" if r["matmul_roof_frac"] else ""
+        pct = lambda v: f"{100 * v:.0f}%" if v else ""  # noqa: E731
         cells = [r["shape"], r["format"], r["tokens"], r["threads"], f"{r['ms']:.3f} / {r['ms_min']:.3f}",
-                 f"{r['weight_GBps']:.1f}", f"{100 * r['read_roof_frac']:.0f}%", f"{r['GFLOPs']:.0f}", mm]
+                 f"{r['weight_GBps']:.1f}", pct(r["read_roof_frac"]), f"{r['GFLOPs']:.0f}",
+                 pct(r["compute_roof_frac"]), pct(r["matmul_roof_frac"])]
         if has_llama:
             cells += ([r["llama_type"], f"{r['llama_ms']:.3f} / {r['llama_ms_min']:.3f}",
                        f"{100 * r['llama_read_roof_frac']:.0f}%", f"{r['llama_over_ours']:.2f}x"]
@@ -247,7 +252,7 @@ def main(argv=None):
     llama_ok, llama_detail = llama_peer.available() if args.llama else (False, "skipped (--no-llama)")
     load = os.getloadavg()
     print(f"torch_ktmoe {torch_ktmoe.__version__}, ISA {torch_ktmoe.active_isa()}, torch {torch.__version__}, "
-          f"read roof probe {read_roof_isa()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+          f"read roof probe {read_roof_isa()}, compute roof probe {compute_roof_instruction()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"  peer llama.cpp: {'yes' if llama_ok else 'no'} ({llama_detail})")
     results = {"isa": torch_ktmoe.active_isa(), "loadavg_start": load, "rows": [], "peers": [], "roofs": {}}
     for name in args.shapes:

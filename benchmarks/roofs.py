@@ -4,7 +4,9 @@
   loads of this CPU (benchmarks/read_roof/read_roof.cpp, compiled here on first use with
   ``-march=native``: zmm loads on AVX-512 hosts, ymm loads on AVX2 hosts). ``torch.sum`` reaches
   only part of it, so it is not used.
-* compute roof: ``matmul_roof_gflops`` times a dense bf16 ``torch.matmul`` of the layer's FLOPs.
+* compute roof: ``compute_roof_gflops(threads)``, the peak of the instruction our bf16 gemm
+  multiplies with (vdpbf16ps on AVX-512 BF16, 256-bit fp32 FMA on AVX2), from the same file; and
+  ``matmul_roof_gflops``, a dense bf16 ``torch.matmul`` of the layer's FLOPs (what torch reaches).
 """
 import ctypes
 import functools
@@ -16,12 +18,12 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SRC = os.path.join(ROOT, "benchmarks", "read_roof", "read_roof.cpp")
-_LIB = os.path.join(ROOT, "build", "bench", "libread_roof.so")
+_SRC = os.path.join(ROOT, "benchmarks", "roof_probes.cpp")
+_LIB = os.path.join(ROOT, "build", "bench", "libroof_probes.so")
 
 
 @functools.lru_cache(maxsize=None)
-def _read_roof_lib():
+def _probes():
     if not os.path.exists(_LIB) or os.path.getmtime(_LIB) < os.path.getmtime(_SRC):
         os.makedirs(os.path.dirname(_LIB), exist_ok=True)
         subprocess.run([os.environ.get("CXX", "g++"), "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
@@ -30,11 +32,14 @@ def _read_roof_lib():
     lib.read_roof_gbps.restype = ctypes.c_double
     lib.read_roof_gbps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.read_roof_isa.restype = ctypes.c_char_p
+    lib.compute_roof_gflops.restype = ctypes.c_double
+    lib.compute_roof_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.compute_roof_instruction.restype = ctypes.c_char_p
     return lib
 
 
 def read_roof_isa() -> str:
-    return _read_roof_lib().read_roof_isa().decode()
+    return _probes().read_roof_isa().decode()
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,7 +49,16 @@ def _buffer(nbytes: int) -> torch.Tensor:
 
 def read_roof_gbps(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> float:
     """Best-of-``repeats`` GB/s of a streaming read of ``nbytes`` on ``threads`` threads."""
-    return _read_roof_lib().read_roof_gbps(_buffer(nbytes).data_ptr(), nbytes, threads, repeats)
+    return _probes().read_roof_gbps(_buffer(nbytes).data_ptr(), nbytes, threads, repeats)
+
+
+def compute_roof_instruction() -> str:
+    return _probes().compute_roof_instruction().decode()
+
+
+def compute_roof_gflops(threads: int, iters: int = 2_000_000) -> float:
+    """Peak GFLOP/s of ``threads`` threads running the bf16 gemm's multiply instruction."""
+    return _probes().compute_roof_gflops(threads, iters)
 
 
 def median_ms(fn, reps: int, budget_s: float) -> float:
@@ -67,5 +81,6 @@ def matmul_roof_gflops(tokens: int, top_k: int, hidden: int, inter: int, reps: i
 
 
 if __name__ == "__main__":
-    print(f"read roof ({read_roof_isa()}): "
-          + ", ".join(f"{t} thread(s) {read_roof_gbps(t):.1f} GB/s" for t in (1, 2)))
+    for t in (1, 2):
+        print(f"{t} thread(s): read roof ({read_roof_isa()}) {read_roof_gbps(t):.1f} GB/s, "
+              f"compute roof ({compute_roof_instruction()}) {compute_roof_gflops(t):.0f} GFLOP/s")
