@@ -43,10 +43,12 @@ test-sglang: $(SGL_STAMP)
 bench: build
 	$(PYTHON) -m benchmarks.bench_moe
 
-# Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages).
+# Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages),
+# and llama.cpp's ggml CPU backend with the MoE-layer harness (build/llama_peer/).
 peers: deps
 	$(PIP) install -q --no-deps kt-kernel==0.7.2
 	$(PIP) install -q gguf
+	PYTHON=$(PYTHON) bash benchmarks/llama_peer/build.sh
 
 # Install into site-packages (builds against the installed torch).
 install: deps

@@ -1,18 +1,26 @@
 """MoE layer forward: torch_ktmoe vs the roofs and the peers, measured in one run.
 
-Run:  python -m benchmarks.bench_moe                     (full grid, ~15 min on 2 cores)
-      python -m benchmarks.bench_moe --quick             (reference shape, T in {1, 512})
-      python -m benchmarks.bench_moe --shapes ref --tokens 1,512 --formats bf16,int8 --threads 2
+Run:  make peers && python -m benchmarks.bench_moe              (full grid)
+      python -m benchmarks.bench_moe --quick                    (reference shape, T in {1, 512})
+      python -m benchmarks.bench_moe --shapes ref --tokens 1,512 --formats bf16,int8 --threads 1,2
 
-Per (shape, format, T, threads): median ms of a whole layer (gate+up+down), effective
-weight GB/s (bytes of the distinct routed experts, packed, / time), GFLOP/s, and
-ratios to the roofs measured in this run with the same thread count:
-  * read roof: streaming read of a 512 MiB buffer with 512-bit loads on every thread
-    (torch_ktmoe._C.stream_read_gbps; torch.sum underestimates it);
-  * matmul roof: dense bf16 torch.matmul [T*k, H] x [H, 3I] (the layer's FLOP count).
-Peers, when installed (benchmarks/peers.py says how): kt-kernel 0.7.2 (its C++ MoE
-classes, thread counts 1 and 2, best kept) and transformers 5.x experts (eager,
-grouped_mm). Writes benchmarks/results/bench_moe.json and prints markdown tables.
+Per (shape, format, T, threads): ms of a whole layer (gate+up+down), median and min over
+``--rounds`` rounds of ``--reps`` calls; effective weight GB/s (bytes of the distinct routed
+experts, packed, / time); GFLOP/s; ratios to the roofs measured in this run on the same threads:
+  * read roof: a streaming read of 512 MiB with the widest loads of this CPU (benchmarks/roofs.py;
+    works on AVX-512 and AVX2 hosts alike);
+  * compute roof: the peak rate of the bf16 gemm's multiply instruction (vdpbf16ps on AVX-512
+    BF16, 256-bit fp32 FMA on AVX2), 12 independent chains per thread;
+  * matmul: dense bf16 torch.matmul [T*k, H] x [H, 3I] (the layer's FLOP count), what torch reaches.
+Every call takes the next of 16 routings, so the experts read are cold, as in serving.
+
+llama.cpp (``make peers`` builds its ggml CPU backend and benchmarks/llama_peer/) runs the same
+layer as one ggml graph (mul_mat_id up, gate, swiglu, mul_mat_id down, weights, sum over k) with
+cold weights, bf16 / q8_0 / q4_0 (repacked) against our bf16 / int8 / int4. It is *alternated*
+with ours round by round (A B A B ...), so both see the same machine state; the ratio column is
+llama.cpp ms / ours ms (> 1: ours faster), from the medians.
+kt-kernel 0.7.2 and transformers 5.x experts (benchmarks/peers.py) are timed after, if installed.
+Writes benchmarks/results/bench_moe.json and .md, and prints markdown tables.
 """
 import argparse
 import json
@@ -23,55 +31,51 @@ import time
 import torch
 
 import torch_ktmoe
-from torch_ktmoe import _C, ops
+from benchmarks import llama_peer
+from benchmarks.roofs import (compute_roof_gflops, compute_roof_instruction, matmul_roof_gflops, read_roof_gbps,
+                              read_roof_isa)
+from torch_ktmoe import ops
 
 SHAPES = {  # name: (E, k, H, I)
     "ref": (128, 8, 2048, 768),       # one Qwen3-30B-A3B MoE layer
     "e64": (64, 6, 2048, 1408),       # Qwen1.5/2-MoE-like
     "e16big": (16, 8, 7168, 2048),    # few, large experts (DeepSeek-V3 expert size)
 }
-FORMATS = ("bf16", "int8", "int4")
+FORMATS = ops.WEIGHT_FORMATS
+ROUTINGS = 16  # distinct routings cycled through per (shape, T)
 
 
-def median_ms(fn, reps, budget_s):
-    fn()  # warm-up
-    times, t_end = [], time.perf_counter() + budget_s
-    while len(times) < reps and (len(times) < 3 or time.perf_counter() < t_end):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def routing(tokens, experts, top_k, seed):
+def routings(tokens, experts, top_k, count, seed):
+    """``count`` routings: (ids [T, k] int64, weights [T, k] fp32 summing to 1 per token)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.rand(tokens, experts, generator=g).argsort(dim=1)[:, :top_k].contiguous()
-    w = torch.rand(tokens, top_k, generator=g) + 0.1
-    return ids, (w / w.sum(1, keepdim=True)).contiguous()
+    out = []
+    for _ in range(count):
+        ids = torch.rand(tokens, experts, generator=g).argsort(dim=1)[:, :top_k].contiguous()
+        w = torch.rand(tokens, top_k, generator=g) + 0.1
+        out.append((ids, (w / w.sum(1, keepdim=True)).contiguous()))
+    return out
 
 
-def matmul_roof_gflops(tokens, top_k, hidden, inter, reps):
-    a = torch.randn(tokens * top_k, hidden, dtype=torch.bfloat16)
-    b = torch.randn(hidden, 3 * inter, dtype=torch.bfloat16)
-    ms = median_ms(lambda: torch.matmul(a, b), reps, 5.0)
-    return 2 * a.shape[0] * hidden * 3 * inter / ms / 1e6
+def time_calls(fn, routes, reps, start):
+    """ms of ``reps`` calls fn(ids, w), call i on routes[(start + i) % len(routes)]."""
+    times = []
+    for i in range(reps):
+        ids, w = routes[(start + i) % len(routes)]
+        t0 = time.perf_counter()
+        fn(ids, w)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
-def load_peers(enabled):
-    if not enabled:
-        return None, {}
-    try:
-        from benchmarks import peers
-    except ImportError as exc:  # pragma: no cover
-        print(f"peers unavailable: {exc}")
-        return None, {}
-    avail = peers.available_peers()
-    for name, (ok, detail) in avail.items():
-        print(f"  peer {name}: {'yes' if ok else 'no'} ({detail})")
-    return peers, avail
+def reps_per_round(tokens, args):
+    return args.reps if tokens <= 32 else max(2, args.reps // 5)
 
 
-def bench_shape(name, args, peers, avail, results):
+def distinct_experts(routes):
+    return statistics.mean(int(ids.unique().numel()) for ids, _ in routes)
+
+
+def bench_shape(name, args, llama_ok, results):
     experts, top_k, hidden, inter = SHAPES[name]
     g = torch.Generator().manual_seed(0)
     gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
@@ -79,55 +83,107 @@ def bench_shape(name, args, peers, avail, results):
     roofs = {}
     for th in args.threads:
         torch.set_num_threads(th)
-        roofs[th] = {"read_GBps": _C.stream_read_gbps(512 << 20, 5),
+        roofs[th] = {"read_GBps": read_roof_gbps(th), "compute_GFLOPs": compute_roof_gflops(th),
                      "matmul_GFLOPs": {t: matmul_roof_gflops(t, top_k, hidden, inter, args.reps)
                                        for t in args.tokens if t >= 32}}
-        print(f"[{name}] {th} thread(s): read roof {roofs[th]['read_GBps']:.1f} GB/s, bf16 matmul roof "
+        print(f"[{name}] {th} thread(s): read roof {roofs[th]['read_GBps']:.1f} GB/s (measured again in every "
+              f"round of every point), compute roof {roofs[th]['compute_GFLOPs']:.0f} GFLOP/s, bf16 torch.matmul "
               + ", ".join(f"T={t}: {v:.0f} GFLOP/s" for t, v in roofs[th]["matmul_GFLOPs"].items()), flush=True)
+    routes = {t: routings(t, experts, top_k, ROUTINGS, seed=t) for t in args.tokens}
     for fmt in args.formats:
         w13, w2 = ops.pack_experts(gate_up, down, fmt)
         per_expert = w13.shape[1] + w2.shape[1]
-        for t in args.tokens:
-            ids, w = routing(t, experts, top_k, seed=t)
-            x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
-            distinct = int(ids.unique().numel())
-            flops = 6 * t * top_k * hidden * inter
-            for th in args.threads:
-                torch.set_num_threads(th)
-                ms = median_ms(lambda: torch.ops.ktmoe.moe_forward(x, ids, w, w13, w2), args.reps, args.budget)
-                gbps = distinct * per_expert / ms / 1e6
-                row = {"shape": name, "format": fmt, "tokens": t, "threads": th, "ms": ms, "weight_GBps": gbps,
-                       "GFLOPs": flops / ms / 1e6, "read_roof_frac": gbps / roofs[th]["read_GBps"]}
-                mm = roofs[th]["matmul_GFLOPs"].get(t)
-                row["matmul_roof_frac"] = row["GFLOPs"] / mm if mm else None
-                results["rows"].append(row)
-                print(f"[{name}] {fmt:4} T={t:<5} {th}t  {ms:9.3f} ms  {gbps:6.1f} GB/s "
-                      f"({100 * row['read_roof_frac']:5.1f}% read roof)  {row['GFLOPs']:7.1f} GFLOP/s"
-                      + (f" ({100 * row['matmul_roof_frac']:.0f}% matmul roof)" if mm else ""), flush=True)
+        llama = llama_peer.GgmlMoeLayer(fmt, experts, top_k, hidden, inter) if llama_ok else None
+        try:
+            for t in args.tokens:
+                x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
+                ours_fn = lambda ids, w: torch.ops.ktmoe.moe_forward(x, ids, w, w13, w2)  # noqa: E731
+                distinct = distinct_experts(routes[t])
+                for th in args.threads:
+                    torch.set_num_threads(th)
+                    row = bench_point(name, fmt, t, th, args, ours_fn, routes[t], llama)
+                    row.update(weight_GBps=distinct * per_expert / row["ms"] / 1e6,
+                               GFLOPs=6 * t * top_k * hidden * inter / row["ms"] / 1e6)
+                    row["read_roof_frac"] = row["weight_GBps"] / row["read_GBps"]
+                    mm = roofs[th]["matmul_GFLOPs"].get(t)
+                    row["matmul_roof_frac"] = row["GFLOPs"] / mm if mm else None
+                    row["compute_roof_frac"] = row["GFLOPs"] / roofs[th]["compute_GFLOPs"] if t >= 32 else None
+                    if llama is not None:
+                        row["llama_read_roof_frac"] = (distinct * llama.expert_bytes / row["llama_ms"] / 1e6
+                                                       / row["read_GBps"])
+                        row["llama_over_ours"] = row["llama_ms"] / row["ms"]
+                    results["rows"].append(row)
+                    print(point_line(row), flush=True)
+        finally:
+            if llama is not None:
+                llama.close()
         del w13, w2
     results["roofs"][name] = roofs
-    if peers is not None and name == "ref":
-        bench_peers(name, args, peers, avail, gate_up, down, results)
+    if args.peers and name == "ref":
+        bench_other_peers(name, args, gate_up, down, routes, results)
 
 
-def bench_peers(name, args, peers, avail, gate_up, down, results):
+def bench_point(name, fmt, tokens, threads, args, ours_fn, routes, llama):
+    """Read roof, llama.cpp and ours, alternated round by round; median and min of each."""
+    reps = reps_per_round(tokens, args)
+    ours, theirs, roof = [], [], []
+    time_calls(ours_fn, routes, 1, 0)  # warm-up (scratch, code pages)
+    if llama is not None:
+        llama.run(tokens, threads, 1)
+    for r in range(args.rounds):
+        roof.append(read_roof_gbps(threads, repeats=2))
+        if llama is not None:
+            theirs += llama.run(tokens, threads, reps)
+        ours += time_calls(ours_fn, routes, reps, r * reps)
+    row = {"shape": name, "format": fmt, "tokens": tokens, "threads": threads, "read_GBps": statistics.median(roof),
+           "ms": statistics.median(ours), "ms_min": min(ours), "samples": len(ours)}
+    if llama is not None:
+        row.update(llama_type=llama.type, llama_ms=statistics.median(theirs), llama_ms_min=min(theirs))
+    return row
+
+
+def point_line(row):
+    s = (f"[{row['shape']}] {row['format']:4} T={row['tokens']:<5} {row['threads']}t  {row['ms']:9.3f} ms "
+         f"(min {row['ms_min']:.3f})  {row['weight_GBps']:6.1f} GB/s ({100 * row['read_roof_frac']:5.1f}% read roof)"
+         f"  {row['GFLOPs']:7.1f} GFLOP/s")
+    if row["compute_roof_frac"]:
+        s += f" ({100 * row['compute_roof_frac']:.0f}% compute roof, {100 * row['matmul_roof_frac']:.0f}% of torch.matmul)"
+    if "llama_ms" in row:
+        s += (f" | llama.cpp {row['llama_type']} {row['llama_ms']:.3f} ms (min {row['llama_ms_min']:.3f}, "
+              f"{100 * row['llama_read_roof_frac']:.0f}% read roof) -> ours {row['llama_over_ours']:.2f}x")
+    return s
+
+
+def bench_other_peers(name, args, gate_up, down, routes, results):
+    """kt-kernel 0.7.2 and transformers experts, when installed (benchmarks/peers.py)."""
+    try:
+        from benchmarks import peers
+    except ImportError as exc:  # pragma: no cover
+        print(f"peers unavailable: {exc}")
+        return
+    avail = peers.available_peers()
+    for peer, (ok, detail) in avail.items():
+        print(f"  peer {peer}: {'yes' if ok else 'no'} ({detail})")
     experts, top_k, hidden, inter = SHAPES[name]
     gate, up = gate_up[:, :inter].contiguous(), gate_up[:, inter:].contiguous()
+
+    def record(peer, fmt, t, th, fn):
+        x = torch.randn(t, hidden).to(torch.bfloat16)
+        times = time_calls(lambda ids, w: fn(x, ids, w), routes[t], 1 + reps_per_round(t, args) * args.rounds, 0)[1:]
+        results["peers"].append({"peer": peer, "format": fmt, "tokens": t, "threads": th,
+                                 "ms": statistics.median(times), "ms_min": min(times)})
+        print(f"[peer] {peer:24} T={t:<5} {th}t  {statistics.median(times):9.3f} ms", flush=True)
+
     for fmt in args.formats:
         if not avail.get(f"kt-kernel {fmt}", (False,))[0]:
             continue
-        for th in (1, 2):
+        for th in args.threads:
             torch.set_num_threads(1)  # kt-kernel uses its own pool
             moe = peers.make_ktkernel_moe(fmt, experts, top_k, hidden, inter, th, gate, up, down,
                                           max_len=max(args.tokens))
             try:
                 for t in args.tokens:
-                    ids, w = routing(t, experts, top_k, seed=t)
-                    x = torch.randn(t, hidden).to(torch.bfloat16)
-                    ms = median_ms(lambda: moe(x, ids, w), args.reps, args.budget)
-                    results["peers"].append({"peer": f"kt-kernel {fmt}", "format": fmt, "tokens": t,
-                                             "threads": th, "ms": ms})
-                    print(f"[peer] kt-kernel {fmt:4} T={t:<5} {th}t  {ms:9.3f} ms", flush=True)
+                    record(f"kt-kernel {fmt}", fmt, t, th, moe)
             finally:
                 moe.close()
     if "bf16" in args.formats:
@@ -138,53 +194,52 @@ def bench_peers(name, args, peers, avail, gate_up, down, results):
             for th in args.threads:
                 torch.set_num_threads(th)
                 for t in args.tokens:
-                    ids, w = routing(t, experts, top_k, seed=t)
-                    x = torch.randn(t, hidden).to(torch.bfloat16)
-                    ms = median_ms(lambda: fwd(x, ids, w), args.reps, args.budget)
-                    results["peers"].append({"peer": f"transformers {impl}", "format": "bf16", "tokens": t,
-                                             "threads": th, "ms": ms})
-                    print(f"[peer] transformers {impl:10} T={t:<5} {th}t  {ms:9.3f} ms", flush=True)
+                    record(f"transformers {impl}", "bf16", t, th, fwd)
 
 
 def summary_table(results):
-    """Markdown: per (shape, format, T) our best thread count vs roofs and each peer's best."""
-    best = {}
-    for r in results["rows"]:
-        key = (r["shape"], r["format"], r["tokens"])
-        if key not in best or r["ms"] < best[key]["ms"]:
-            best[key] = r
+    """Markdown: one row per (shape, format, T, threads), llama.cpp alongside; other peers' best."""
+    has_llama = any("llama_ms" in r for r in results["rows"])
     peer_best = {}
     for p in results["peers"]:
-        key = (p["peer"], p["tokens"])
+        key = (p["peer"], p["tokens"], p["threads"])
         if key not in peer_best or p["ms"] < peer_best[key]["ms"]:
             peer_best[key] = p
     peer_names = sorted({p["peer"] for p in results["peers"]})
-    header = ["shape", "format", "T", "threads", "ms", "weight GB/s", "% read roof", "GFLOP/s",
-              "% bf16 matmul roof"] + [f"{n} (x faster)" for n in peer_names]
+    header = ["shape", "format", "T", "threads", "ms (median / min)", "weight GB/s", "% read roof", "GFLOP/s",
+              "% compute roof", "% of torch bf16 matmul"]
+    if has_llama:
+        header += ["llama.cpp", "llama.cpp ms (median / min)", "llama.cpp % read roof", "llama.cpp / ours"]
+    header += [f"{n} ms (ours x faster)" for n in peer_names]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for (shape, fmt, t), r in sorted(best.items(), key=lambda kv: (list(SHAPES).index(kv[0][0]),
-                                                                   FORMATS.index(kv[0][1]), kv[0][2])):
-        cells = []
+    order = lambda r: (list(SHAPES).index(r["shape"]), FORMATS.index(r["format"]), r["tokens"], r["threads"])  # noqa
+    for r in sorted(results["rows"], key=order):
+        pct = lambda v: f"{100 * v:.0f}%" if v else ""  # noqa: E731
+        cells = [r["shape"], r["format"], r["tokens"], r["threads"], f"{r['ms']:.3f} / {r['ms_min']:.3f}",
+                 f"{r['weight_GBps']:.1f}", pct(r["read_roof_frac"]), f"{r['GFLOPs']:.0f}",
+                 pct(r["compute_roof_frac"]), pct(r["matmul_roof_frac"])]
+        if has_llama:
+            cells += ([r["llama_type"], f"{r['llama_ms']:.3f} / {r['llama_ms_min']:.3f}",
+                       f"{100 * r['llama_read_roof_frac']:.0f}%", f"{r['llama_over_ours']:.2f}x"]
+                      if "llama_ms" in r else [""] * 4)
         for n in peer_names:
-            p = peer_best.get((n, t))
-            applies = shape == "ref" and p and (p["format"] == fmt)
-            cells.append(f"{p['ms']:.2f} ms ({p['ms'] / r['ms']:.2f}x)" if applies else "")
-        mm = f"{100 * r['matmul_roof_frac']:.0f}%" if r["matmul_roof_frac"] else ""
-        row = [shape, fmt, t, r["threads"], f"{r['ms']:.3f}", f"{r['weight_GBps']:.1f}",
-               f"{100 * r['read_roof_frac']:.0f}%", f"{r['GFLOPs']:.0f}", mm] + cells
-        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+            p = peer_best.get((n, r["tokens"], r["threads"]))
+            applies = r["shape"] == "ref" and p and p["format"] == r["format"]
+            cells.append(f"{p['ms']:.2f} ({p['ms'] / r['ms']:.2f}x)" if applies else "")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="MoE layer forward benchmark (see module docstring)")
     ap.add_argument("--shapes", default="ref,e64,e16big")
-    ap.add_argument("--formats", default="bf16,int8,int4")
+    ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--tokens", default="1,4,32,512,2048")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--budget", type=float, default=4.0, help="seconds per point after 3 repetitions")
-    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--reps", type=int, default=20, help="calls per round at T <= 32 (a fifth above)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternation rounds (ours, llama.cpp) per point")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip kt-kernel and transformers")
+    ap.add_argument("--no-llama", dest="llama", action="store_false", help="skip llama.cpp")
     ap.add_argument("--quick", action="store_true", help="reference shape, T in {1, 512}")
     ap.add_argument("--out", default="benchmarks/results/bench_moe.json")
     args = ap.parse_args(argv)
@@ -194,13 +249,18 @@ def main(argv=None):
     args.formats = args.formats.split(",")
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
-    print(f"torch_ktmoe {torch_ktmoe.__version__}, ISA {torch_ktmoe.active_isa()}, torch {torch.__version__}")
-    peers, avail = load_peers(not args.no_peers)
-    results = {"isa": torch_ktmoe.active_isa(), "rows": [], "peers": [], "roofs": {}}
+    llama_ok, llama_detail = llama_peer.available() if args.llama else (False, "skipped (--no-llama)")
+    load = os.getloadavg()
+    print(f"torch_ktmoe {torch_ktmoe.__version__}, ISA {torch_ktmoe.active_isa()}, torch {torch.__version__}, "
+          f"read roof probe {read_roof_isa()}, compute roof probe {compute_roof_instruction()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"  peer llama.cpp: {'yes' if llama_ok else 'no'} ({llama_detail})")
+    results = {"isa": torch_ktmoe.active_isa(), "loadavg_start": load, "rows": [], "peers": [], "roofs": {}}
     for name in args.shapes:
-        bench_shape(name, args, peers, avail, results)
+        bench_shape(name, args, llama_ok, results)
+    results["loadavg_end"] = os.getloadavg()
     table = summary_table(results)
     print("\n" + table)
+    print(f"load average at the end: {results['loadavg_end'][0]:.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -1,0 +1,177 @@
+// [NOTE] The roofs of the benchmarks, on every ISA (built with -march=native by benchmarks/roofs.py).
+//
+// read_roof_gbps(buf, bytes, threads, repeats): the best of `repeats` passes in which
+// `threads` std::threads each sum their contiguous share of buf as 32-bit lanes with
+// the widest loads this CPU has (built with -march=native: 64-byte zmm loads on
+// AVX-512, 32-byte ymm loads on AVX2, 8-byte loads otherwise), 8 independent
+// accumulators per thread so that enough loads stay in flight to reach the core's
+// share of DRAM bandwidth. Integer adds: no float assists on arbitrary bits.
+// A pass is timed from the moment every thread is running to the last one's end.
+//
+// compute_roof_gflops(threads, seconds): the peak rate of the instruction our bf16 gemm
+// multiplies with: vdpbf16ps (32 multiply-adds per instruction) on AVX-512 BF16 hosts,
+// vfmadd231ps on 256-bit fp32 (8 per instruction) on AVX2 hosts (whose bf16 path widens to
+// fp32). 12 independent accumulator chains per thread cover the latency x throughput product.
+#include <immintrin.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+uint64_t sum_bytes(const uint8_t* p, int64_t n) {
+#if defined(__AVX512F__)
+  constexpr int64_t kStep = 64;
+  __m512i acc[8];
+  for (auto& a : acc) a = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 8 * kStep <= n; i += 8 * kStep)
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) acc[u] = _mm512_add_epi32(acc[u], _mm512_loadu_si512(p + i + kStep * u));
+  for (int u = 1; u < 8; ++u) acc[0] = _mm512_add_epi32(acc[0], acc[u]);
+  uint64_t s = uint32_t(_mm512_reduce_add_epi32(acc[0]));
+#elif defined(__AVX2__)
+  constexpr int64_t kStep = 32;
+  __m256i acc[8];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 * kStep <= n; i += 8 * kStep)
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u)
+      acc[u] = _mm256_add_epi32(acc[u], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + kStep * u)));
+  for (int u = 1; u < 8; ++u) acc[0] = _mm256_add_epi32(acc[0], acc[u]);
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
+  uint64_t s = 0;
+  for (uint32_t v : lanes) s += v;
+#else
+  uint64_t acc[8] = {};
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int u = 0; u < 8; ++u) acc[u] += *reinterpret_cast<const uint64_t*>(p + i + 8 * u);
+  uint64_t s = 0;
+  for (uint64_t v : acc) s += v;
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+}  // namespace
+
+extern "C" const char* compute_roof_instruction() {
+#if defined(__AVX512BF16__)
+  return "vdpbf16ps zmm";
+#elif defined(__AVX512F__)
+  return "vfmadd231ps zmm";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "vfmadd231ps ymm";
+#else
+  return "scalar fma";
+#endif
+}
+
+namespace {
+
+// Multiply-adds of one thread's `iters` iterations of 12 chains; the result is kept observable.
+double fma_chains(int64_t iters, float* sink) {
+  constexpr int kChains = 12;
+#if defined(__AVX512BF16__)
+  __m512 acc[kChains];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+  for (int c = 1; c < kChains; ++c) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+  *sink += _mm512_reduce_add_ps(acc[0]);
+  return double(iters) * kChains * 32;
+#elif defined(__AVX512F__)
+  __m512 acc[kChains];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  for (int c = 1; c < kChains; ++c) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+  *sink += _mm512_reduce_add_ps(acc[0]);
+  return double(iters) * kChains * 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[kChains];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const __m256 x = _mm256_set1_ps(1.0001f), y = _mm256_set1_ps(0.9999f);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  alignas(32) float lanes[8];
+  for (int c = 1; c < kChains; ++c) acc[0] = _mm256_add_ps(acc[0], acc[c]);
+  _mm256_store_ps(lanes, acc[0]);
+  for (float v : lanes) *sink += v;
+  return double(iters) * kChains * 8;
+#else
+  float acc[kChains] = {};
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * 1.0001f + 0.9999f;
+  for (float v : acc) *sink += v;
+  return double(iters) * kChains;
+#endif
+}
+
+}  // namespace
+
+// GFLOP/s (2 per multiply-add) of `threads` threads each running fma_chains; best of 3 passes.
+extern "C" double compute_roof_gflops(int threads, int64_t iters) {
+  double best = 0.0;
+  std::vector<float> sinks(size_t(threads) * 16, 0.f);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<double> madds(size_t(threads), 0.0);
+    std::vector<std::thread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { madds[t] = fma_chains(iters, &sinks[size_t(t) * 16]); });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double total = 0.0;
+    for (double m : madds) total += m;
+    if (2.0 * total / s / 1e9 > best) best = 2.0 * total / s / 1e9;
+  }
+  return best;
+}
+
+extern "C" const char* read_roof_isa() {
+#if defined(__AVX512F__)
+  return "avx512 (64-byte loads)";
+#elif defined(__AVX2__)
+  return "avx2 (32-byte loads)";
+#else
+  return "scalar (8-byte loads)";
+#endif
+}
+
+extern "C" double read_roof_gbps(const void* buf, int64_t bytes, int threads, int repeats) {
+  const uint8_t* base = static_cast<const uint8_t*>(buf);
+  double best = 0.0;
+  std::atomic<uint64_t> sink{0};
+  for (int r = 0; r < repeats; ++r) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const int64_t lo = bytes * t / threads / 64 * 64, hi = t + 1 == threads ? bytes : bytes * (t + 1) / threads / 64 * 64;
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        sink.fetch_add(sum_bytes(base + lo, hi - lo), std::memory_order_relaxed);
+      });
+    }
+    while (ready.load() < threads) std::this_thread::yield();
+    const auto t0 = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (double(bytes) / s / 1e9 > best) best = double(bytes) / s / 1e9;
+  }
+  return sink.load() == 0x5eed ? -best : best;  // keeps the sums observable
+}

@@ -1,0 +1,86 @@
+"""The roofs that benchmark ratios are taken against, measured in the same run on the same threads.
+
+* read roof: ``read_roof_gbps(threads)`` streams a buffer far larger than the L3 with the widest
+  loads of this CPU (benchmarks/read_roof/read_roof.cpp, compiled here on first use with
+  ``-march=native``: zmm loads on AVX-512 hosts, ymm loads on AVX2 hosts). ``torch.sum`` reaches
+  only part of it, so it is not used.
+* compute roof: ``compute_roof_gflops(threads)``, the peak of the instruction our bf16 gemm
+  multiplies with (vdpbf16ps on AVX-512 BF16, 256-bit fp32 FMA on AVX2), from the same file; and
+  ``matmul_roof_gflops``, a dense bf16 ``torch.matmul`` of the layer's FLOPs (what torch reaches).
+"""
+import ctypes
+import functools
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SRC = os.path.join(ROOT, "benchmarks", "roof_probes.cpp")
+_LIB = os.path.join(ROOT, "build", "bench", "libroof_probes.so")
+
+
+@functools.lru_cache(maxsize=None)
+def _probes():
+    if not os.path.exists(_LIB) or os.path.getmtime(_LIB) < os.path.getmtime(_SRC):
+        os.makedirs(os.path.dirname(_LIB), exist_ok=True)
+        subprocess.run([os.environ.get("CXX", "g++"), "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
+                        "-pthread", _SRC, "-o", _LIB], check=True)
+    lib = ctypes.CDLL(_LIB)
+    lib.read_roof_gbps.restype = ctypes.c_double
+    lib.read_roof_gbps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.read_roof_isa.restype = ctypes.c_char_p
+    lib.compute_roof_gflops.restype = ctypes.c_double
+    lib.compute_roof_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.compute_roof_instruction.restype = ctypes.c_char_p
+    return lib
+
+
+def read_roof_isa() -> str:
+    return _probes().read_roof_isa().decode()
+
+
+@functools.lru_cache(maxsize=1)
+def _buffer(nbytes: int) -> torch.Tensor:
+    return torch.ones(nbytes, dtype=torch.uint8)  # touched: no page faults in the timed passes
+
+
+def read_roof_gbps(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GB/s of a streaming read of ``nbytes`` on ``threads`` threads."""
+    return _probes().read_roof_gbps(_buffer(nbytes).data_ptr(), nbytes, threads, repeats)
+
+
+def compute_roof_instruction() -> str:
+    return _probes().compute_roof_instruction().decode()
+
+
+def compute_roof_gflops(threads: int, iters: int = 2_000_000) -> float:
+    """Peak GFLOP/s of ``threads`` threads running the bf16 gemm's multiply instruction."""
+    return _probes().compute_roof_gflops(threads, iters)
+
+
+def median_ms(fn, reps: int, budget_s: float) -> float:
+    """Median ms of ``fn()`` over ``reps`` calls (at least 3, fewer past ``budget_s``), after a warm-up."""
+    fn()
+    times, t_end = [], time.perf_counter() + budget_s
+    while len(times) < reps and (len(times) < 3 or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_roof_gflops(tokens: int, top_k: int, hidden: int, inter: int, reps: int = 7) -> float:
+    """GFLOP/s of dense bf16 [T*k, H] x [H, 3I] on the current torch thread count."""
+    a = torch.randn(tokens * top_k, hidden, dtype=torch.bfloat16)
+    b = torch.randn(hidden, 3 * inter, dtype=torch.bfloat16)
+    ms = median_ms(lambda: torch.matmul(a, b), reps, 5.0)
+    return 2 * a.shape[0] * hidden * 3 * inter / ms / 1e6
+
+
+if __name__ == "__main__":
+    for t in (1, 2):
+        print(f"{t} thread(s): read roof ({read_roof_isa()}) {read_roof_gbps(t):.1f} GB/s, "
+              f"compute roof ({compute_roof_instruction()}) {compute_roof_gflops(t):.0f} GFLOP/s")
