@@ -63,6 +63,8 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   TORCH_CHECK(ids_max < experts, "ktmoe::moe_forward: topk_ids holds expert id ", ids_max,
               " but the packed weights have only ", experts, " experts (ids must be < ", experts,
               "; negative ids mean 'skip')");
+  check_routed_headers(w13, "w13", ids.data_ptr<int64_t>(), ids.numel());
+  check_routed_headers(w2, "w2", ids.data_ptr<int64_t>(), ids.numel());
   // dispatch
   MoeProblem p;
   p.tokens = tokens;

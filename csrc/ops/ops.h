@@ -8,8 +8,8 @@
 
 namespace ktmoe {
 
-// hidden_states [T, H] bf16|fp32, topk_ids [T, k] int32|int64, topk_weights [T, k]
-// fp32|bf16, w13 [E, B13] uint8 (packed gate_up), w2 [E, B2] uint8 (packed down)
+// hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64, topk_weights [T, k]
+// fp32|bf16|fp16, w13 [E, B13] uint8 (packed gate_up), w2 [E, B2] uint8 (packed down)
 // -> [T, H], dtype of hidden_states.
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2);

@@ -3,6 +3,7 @@
 #include "ops/packed_weight_check.h"
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/packed_header_check.h"
 
@@ -22,12 +23,23 @@ const PackedMatrixHeader& check_packed_weight(const at::Tensor& w, const char* n
               " must be 64-byte aligned");
   const std::string bad = check_packed_header(*h, role, w.size(1));
   TORCH_CHECK(bad.empty(), "ktmoe::moe_forward: ", name, " expert 0 has a bad packed header: ", bad);
-  for (int64_t e = 1; e < w.size(0); ++e) {
-    const auto* he = reinterpret_cast<const PackedMatrixHeader*>(base + e * w.size(1));
-    TORCH_CHECK(std::memcmp(he, h, sizeof(PackedMatrixHeader)) == 0, "ktmoe::moe_forward: ", name, " expert ", e,
-                " has a header that differs from expert 0: ", compare_packed_header(*he, *h));
-  }
   return *h;
+}
+
+void check_routed_headers(const at::Tensor& w, const char* name, const int64_t* ids, int64_t n) {
+  const int64_t experts = w.size(0), stride = w.size(1);
+  const auto* base = w.data_ptr<uint8_t>();
+  const auto* h0 = reinterpret_cast<const PackedMatrixHeader*>(base);
+  std::vector<uint8_t> seen(size_t(experts), 0);
+  seen[0] = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = ids[i];
+    if (e < 0 || e >= experts || seen[e]) continue;
+    seen[e] = 1;
+    const auto* he = reinterpret_cast<const PackedMatrixHeader*>(base + e * stride);
+    TORCH_CHECK(std::memcmp(he, h0, sizeof(PackedMatrixHeader)) == 0, "ktmoe::moe_forward: ", name, " expert ", e,
+                " has a header that differs from expert 0: ", compare_packed_header(*he, *h0));
+  }
 }
 
 }  // namespace ktmoe

@@ -408,7 +408,7 @@ def test_launcher_reaches_sglangs_parser(tmp_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, KTMOE_MMAP_EXPERTS_DIR="")
+    env = dict(os.environ, KTMOE_SGLANG_MMAP_EXPERTS_DIR="")
     res = subprocess.run([sys.executable, "-P", "-m", "torch_ktmoe.sglang", "--kt-mmap-experts-dir", str(tmp_path),
                           "--help"], capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-2000:]

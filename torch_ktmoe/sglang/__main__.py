@@ -1,7 +1,7 @@
 """``python -m torch_ktmoe.sglang <sglang launch_server args> [--kt-mmap-experts-dir DIR]``.
 
 The same flag without the argument-parser hook: takes ``--kt-mmap-experts-dir``
-off the command line, exports it as ``$KTMOE_MMAP_EXPERTS_DIR`` (sglang's worker
+off the command line, exports it as ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR`` (sglang's worker
 processes inherit it), installs KTMoEWrapper into this process, then runs
 ``python -m sglang.launch_server`` with the remaining arguments. sglang's worker
 processes install the wrapper through the plugin entry point, so the package

@@ -10,7 +10,7 @@ process, before it parses the command line and before it builds the model:
   ``KTMOE_SGLANG=force``; either way the choice is logged.
 * :func:`register_cli_flag`: hooks ``ServerArgs.add_cli_args`` to add
   ``--kt-mmap-experts-dir DIR`` and ``ServerArgs.from_cli_args`` to export it as
-  ``$KTMOE_MMAP_EXPERTS_DIR``, which sglang's worker processes inherit and
+  ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, which sglang's worker processes inherit and
   :class:`KTMoEWrapper` reads as its ``mmap_experts_dir`` default.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def install_wrapper() -> str:
 def _add_flag(result, parser, *args, **kwargs):
     if not any(FLAG in a.option_strings for a in parser._actions):
         parser.add_argument(FLAG, type=str, default=None, dest="kt_mmap_experts_dir",
-                            help="[torch_ktmoe] keep the CPU experts' packed weights in MAP_SHARED files under this "
+                            help="[torch_ktmoe] keep the CPU experts' packed weights in files under this "
                                  "directory (reclaimable page cache, reused across restarts) instead of anonymous "
                                  f"memory; exported as ${MMAP_DIR_ENV}")
     return result

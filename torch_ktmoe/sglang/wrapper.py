@@ -34,7 +34,7 @@ from .checkpoint import CheckpointLayer, check_weight_path
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
-MMAP_DIR_ENV = "KTMOE_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (set by --kt-mmap-experts-dir)
+MMAP_DIR_ENV = "KTMOE_SGLANG_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (set by --kt-mmap-experts-dir)
 
 # kt-kernel / sglang --kt-method names -> our weight formats
 METHOD_FORMATS = {
@@ -83,7 +83,7 @@ class KTMoEWrapper:
     ``[0, G)`` on the GPU) or ``gpu_experts_mask`` (bool [E]); ``weight_path`` the
     safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
     ``mmap_experts_dir`` keeps the packed experts in files there (default:
-    ``$KTMOE_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
+    ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
     with a directory, the packed cache is reused across restarts). Threads come from ATen's pool
     (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
     ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
