@@ -1,7 +1,9 @@
 // [NOTE] The roofs of the benchmarks, on every ISA (built with -march=native by benchmarks/roofs.py).
 //
 // read_roof_gbps(buf, bytes, threads, repeats): the best of `repeats` passes in which
-// `threads` std::threads each sum their contiguous share of buf as 32-bit lanes with
+// `threads` std::threads sum 1 MiB chunks of buf, taken from a shared counter (so a
+// thread that a noisy VM deschedules reads less instead of holding the pass up, as the
+// MoE driver's items do), as 32-bit lanes with
 // the widest loads this CPU has (built with -march=native: 64-byte zmm loads on
 // AVX-512, 32-byte ymm loads on AVX2, 8-byte loads otherwise), 8 independent
 // accumulators per thread so that enough loads stay in flight to reach the core's
@@ -14,6 +16,7 @@
 // fp32). 12 independent accumulator chains per thread cover the latency x throughput product.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -158,12 +161,16 @@ extern "C" double read_roof_gbps(const void* buf, int64_t bytes, int threads, in
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     std::vector<std::thread> pool;
+    constexpr int64_t kChunk = int64_t(1) << 20;
+    std::atomic<int64_t> next{0};
     for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        const int64_t lo = bytes * t / threads / 64 * 64, hi = t + 1 == threads ? bytes : bytes * (t + 1) / threads / 64 * 64;
+      pool.emplace_back([&] {
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-        sink.fetch_add(sum_bytes(base + lo, hi - lo), std::memory_order_relaxed);
+        uint64_t s = 0;
+        for (int64_t lo = next.fetch_add(kChunk); lo < bytes; lo = next.fetch_add(kChunk))
+          s += sum_bytes(base + lo, std::min(kChunk, bytes - lo));
+        sink.fetch_add(s, std::memory_order_relaxed);
       });
     }
     while (ready.load() < threads) std::this_thread::yield();
