@@ -15,12 +15,20 @@ packed, so the logits are bit-identical to the saved model's. A missing or inval
 expert file is an error that names it (the directory is not a cache to rebuild: the
 dense weights are not in it).
 
+A packed directory is an explicitly chosen model, like a checkpoint, so it is loaded with
+``cache_trust_others=True``: a directory owned by another user (a root-owned ``/models``
+served by a service user) loads; every file is still checked (``verify="header"`` by default:
+file header, size and every expert's packed header) before it is mapped read-only.
+
 The expert files are KTMoE's persistent cache files, written and validated through
 KTMoE's public behaviour: a layer whose experts already live in valid cache files
-(``mmap_experts_dir`` with ``cache="reuse"``/``"rebuild"``) has its files copied; any
-other layer is packed again from its unpacked experts into ``DIR/experts`` with
-``cache="rebuild"`` and the result must equal the live packed bytes (always so for bf16;
+(``mmap_experts_dir`` with ``cache="reuse"``/``"rebuild"``, mapped from or committed to a
+kept file that the cache did not refuse, and each file valid for the layer's fingerprint)
+has its files copied; any other layer is packed again from its unpacked experts into
+``DIR/experts`` with ``cache="rebuild"`` and the result must equal the live packed bytes (always so for bf16;
 int8 / int4 re-quantization of dequantized values is checked, and a mismatch raises).
+``DIR/experts`` must be a directory the cache trusts (not writable by others, owned by the
+caller): a refused one raises :class:`PackedDirError` and no manifest is written.
 
 Manifest ``ktmoe_packed.json``: ``{"format": "torch_ktmoe.packed_dir", "version": 1,
 "experts_dir": "experts", "layers": [{"module", "layer_idx", "class_name", "num_experts",
@@ -33,10 +41,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 
 import torch
 import torch.nn as nn
+
+from ._native import _C
+from .arena import WeightArena
+from .cache import CACHE_SUFFIX
 
 MANIFEST = "ktmoe_packed.json"
 FORMAT = "torch_ktmoe.packed_dir"
@@ -62,23 +75,44 @@ def read_manifest(path) -> dict:
 
 
 def _file_names(ktm) -> list[str]:
-    return [f"layer{ktm.layer_idx:04d}.part{p}.ktmoe" for p in range(ktm.numa_parts)]
+    return [f"layer{ktm.layer_idx:04d}.part{p}{CACHE_SUFFIX}" for p in range(ktm.numa_parts)]
+
+
+def _kept_files(ktm) -> bool:
+    """The layer's experts are mapped from (or were committed to) kept cache files the cache did not refuse."""
+    return all(a.read_only and not a.cache_refusal for a in ktm.arenas)
 
 
 def _is_valid_cache(ktm) -> bool:
-    stats = ktm.arena_stats()
-    return (ktm.mmap_experts_dir is not None and ktm.cache != "off" and ktm.cache_fingerprint is not None
-            and all(s["anon_bytes"] == 0 and s["file_backed_bytes"] > 0 for s in stats)
-            and all(os.path.isfile(os.path.join(ktm.mmap_experts_dir, n)) for n in _file_names(ktm)))
+    if not (ktm.mmap_experts_dir is not None and ktm.cache != "off" and ktm.cache_fingerprint is not None
+            and _kept_files(ktm)
+            and all(s["anon_bytes"] == 0 and s["file_backed_bytes"] > 0 for s in ktm.arena_stats())):
+        return False
+    for name in _file_names(ktm):  # the files now on disk (replaced or planted since?) hold these experts
+        info = _C.inspect_cache_file(os.path.join(ktm.mmap_experts_dir, name), False)
+        if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
+            return False
+    return True
 
 
 def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
     """Puts ``ktm``'s packed experts as cache files in ``experts_dir``; returns their fingerprint."""
     if _is_valid_cache(ktm):
-        for name in _file_names(ktm):
-            tmp = os.path.join(experts_dir, name + f".tmp.{os.getpid()}")
-            shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), tmp)
-            os.replace(tmp, os.path.join(experts_dir, name))
+        # Copies go to a private folder first (not <name>.ktmoe.tmp.<pid>: that is the cache's build-temp
+        # pattern, deleted as stale by a process holding the layer lock) and are checked there again (the
+        # source may have been replaced since): inspect_cache_file wants the cache's own file name.
+        staging = tempfile.mkdtemp(prefix=f".save_packed.copy.{os.getpid()}.", dir=experts_dir)
+        try:
+            for name in _file_names(ktm):
+                tmp = os.path.join(staging, name)
+                shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), tmp)
+                info = _C.inspect_cache_file(tmp, False)
+                if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
+                    raise PackedDirError(f"save_packed: {where}: the copy of {name} from {ktm.mmap_experts_dir} "
+                                         f"is not the layer's cache file ({info['reason'] or 'another fingerprint'})")
+                os.replace(tmp, os.path.join(experts_dir, name))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return ktm.cache_fingerprint
     from .integrations.transformers_experts import dense_experts
     from .layer import KTMoE
@@ -94,9 +128,10 @@ def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
             raise PackedDirError(
                 f"save_packed: {where}: repacking the dequantized {ktm.weight_format} experts does not give the "
                 "same bytes; load the model with mmap_experts_dir= (cache files are then copied as they are)")
-    if copy.file_backed_bytes != copy.packed_bytes:
+    if copy.file_backed_bytes != copy.packed_bytes or not _kept_files(copy):
+        why = "; ".join(dict.fromkeys(a.cache_refusal for a in copy.arenas if a.cache_refusal))
         raise PackedDirError(f"save_packed: {where}: could not write the experts as files in {experts_dir} "
-                             f"({copy.arena_stats()})")
+                             f"({why or copy.arena_stats()})")
     return fingerprint
 
 
@@ -125,6 +160,9 @@ def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
                              f"({', '.join(r.class_name for r in refused)}); a packed directory holds every expert packed")
     experts_dir = os.path.join(directory, EXPERTS_DIR)
     os.makedirs(experts_dir, exist_ok=True)
+    refusal = WeightArena(experts_dir, "save_packed", persistent=True).cache_refusal  # creates nothing
+    if refusal:  # the experts could only go into unnamed files: a manifest would name files that do not exist
+        raise PackedDirError(f"save_packed: {experts_dir} cannot hold the packed expert files ({refusal})")
     layers = []
     for name, adapter in adapters:
         ktm = adapter.ktmoe
@@ -155,6 +193,9 @@ def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
     for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
         if key in ktmoe_kwargs:
             raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
+    # A packed directory is an explicitly chosen model, like a checkpoint: trust its owner (e.g. a
+    # root-owned /models read by a service user); verify="header" still checks every file's headers.
+    ktmoe_kwargs = dict(dict(cache_trust_others=True), **ktmoe_kwargs)
     ktm = KTMoE(entry["num_experts"], entry["top_k"], entry["hidden_size"], entry["intermediate_size"],
                 weight_format=entry["weight_format"], layer_idx=entry["layer_idx"],
                 mmap_experts_dir=os.path.join(path, experts_dir), numa_parts=entry["numa_parts"],

@@ -64,9 +64,10 @@ class KTMoE(nn.Module):
     copies everything else. Pickling (e.g. for ``multiprocessing``) works when the
     receiver can get the same experts safely: anonymous experts travel by value;
     file-backed experts in persistent cache files (``cache="reuse"``/``"rebuild"``)
-    travel as (directory, fingerprint) and are mapped read-only from the same files;
-    file-backed experts in unnamed files (``cache="off"``) or with an anonymous
-    fallback raise ``TypeError`` saying why.
+    travel as (directory, fingerprint) and are mapped copy-on-write from the same
+    files; file-backed experts in unnamed files (``cache="off"``, or a cache
+    directory the trust checks refused) or with an anonymous fallback raise
+    ``TypeError`` saying why.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -312,7 +313,8 @@ class KTMoE(nn.Module):
                     intermediate_size=self.intermediate_size, weight_format=self.weight_format,
                     mmap_experts_dir=self.mmap_experts_dir, layer_idx=self.layer_idx,
                     numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
-                    warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None)
+                    warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None,
+                    verify=self.verify, cache_trust_others=self.cache_trust_others)
 
     def __reduce__(self):
         kwargs, where = self._constructor_kwargs(), f"KTMoE(layer {self.layer_idx})"
@@ -331,6 +333,13 @@ class KTMoE(nn.Module):
                             "(cache='off') that no other process can open, and copying them by value "
                             "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
                             "maps the same cache files), or copy.deepcopy in-process.")
+        if not all(a.read_only and not a.cache_refusal for a in self.arenas):  # no kept file to map
+            why = "; ".join(dict.fromkeys(a.cache_refusal for a in self.arenas if a.cache_refusal)) or (
+                "no cache file was kept")
+            raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files that no "
+                            f"other process can open: the cache in {self.mmap_experts_dir} kept no file ({why}). "
+                            "Use a cache directory that only you can write (or cache_trust_others=True), "
+                            "or copy.deepcopy in-process.")
         return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint)))
 
     # ---------------------------------------------------------------- reporting
