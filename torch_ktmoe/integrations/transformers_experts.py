@@ -207,7 +207,7 @@ class KTMoEExperts(nn.Module):
     ) -> torch.Tensor:
         if self.ktmoe is None:
             raise RuntimeError(f"KTMoEExperts (layer {self.layer_idx}): expert weights were never loaded")
-        return self.ktmoe(hidden_states, top_k_index, top_k_weights.to(torch.float32))
+        return self.ktmoe(hidden_states, top_k_index, top_k_weights)  # the op widens bf16/fp16 weights itself
 
     def extra_repr(self) -> str:
         return (

@@ -34,6 +34,7 @@ from .checkpoint import CheckpointLayer, check_weight_path
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MMAP_DIR_ENV = "KTMOE_SGLANG_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (set by --kt-mmap-experts-dir)
 
 # kt-kernel / sglang --kt-method names -> our weight formats
@@ -221,7 +222,8 @@ class KTMoEWrapper:
         if topk_ids.shape[0] != T or topk_weights.shape != topk_ids.shape:
             raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): topk_ids {tuple(topk_ids.shape)} and "
                              f"topk_weights {tuple(topk_weights.shape)} must both be [T={T}, k]")
-        dtype = hidden_states.dtype if hidden_states.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        # The op takes bf16 / fp16 / fp32 as they are (converted per row in the kernel).
+        dtype = hidden_states.dtype if hidden_states.dtype in _KERNEL_DTYPES else torch.float32
         ready = None
         if hidden_states.device.type == "cpu":
             x = hidden_states.detach().to(dtype, copy=True)
@@ -250,7 +252,7 @@ class KTMoEWrapper:
     def _run(self, x, ids, weights, ready):
         if ready is not None:
             ready.synchronize()
-            x = x.to(torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32)
+            x = x if x.dtype in _KERNEL_DTYPES else x.float()
         with torch.no_grad():
             return self.moe(x, ids, weights)
 
