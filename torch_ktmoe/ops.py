@@ -22,15 +22,27 @@ class InferenceOnlyError(RuntimeError):
     """A backward pass reached a ktmoe op: the packed experts have no gradient."""
 
 
+ACTIVATIONS = ("silu", "swiglu_oai")
+
+
 def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+                w13: torch.Tensor, w2: torch.Tensor, *, w13_bias: Optional[torch.Tensor] = None,
+                w2_bias: Optional[torch.Tensor] = None, activation: str = "silu",
+                swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
     """Fused MoE forward over packed experts.
 
     hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
     topk_weights [T, k] fp32|bf16|fp16, w13 / w2 from :func:`pack_experts`
     -> [T, H] in the dtype of hidden_states.
+
+    ``out[t] = Σ_j w[t,j] · (down_e(act(gate_e x + bg_e, up_e x + bu_e)) + bd_e)``:
+    ``w13_bias`` [E, 2I] holds bg (columns [0, I)) then bu, ``w2_bias`` [E, H] is bd
+    (both optional, read as fp32). ``activation``: ``"silu"`` (silu(gate) · up) or
+    ``"swiglu_oai"`` (gpt-oss: g = min(gate, limit), u = clamp(up, ±limit),
+    g · sigmoid(alpha · g) · (u + 1)).
     """
-    return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2)
+    return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias, w2_bias,
+                                       activation, swiglu_alpha, swiglu_limit)
 
 
 def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str = "bf16", *,
@@ -62,12 +74,14 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
 
 
 @torch.library.register_fake("ktmoe::moe_forward")
-def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2):
+def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
+                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
     torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
                  lambda: "hidden_states must be bfloat16, float16 or float32")
     torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
                  lambda: "topk_ids and topk_weights must be [T, k]")
+    torch._check(activation in ACTIVATIONS, lambda: f"activation must be one of {ACTIVATIONS}")
     return hidden_states.new_empty(hidden_states.shape)
 
 

@@ -8,15 +8,18 @@ import torch
 import torch.nn.functional as F
 
 
-def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32"):
-    """out[t] = Σ_j w[t,j] · down_e(silu(gate_e x_t) ⊙ up_e x_t), in fp32.
+def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", *, gate_up_bias=None,
+                  down_bias=None, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+    """out[t] = Σ_j w[t,j] · (down_e(act(gate_e x_t + bg_e, up_e x_t + bu_e)) + bd_e), in fp32.
 
     x [T, H], topk_ids [T, k] (< 0 skipped), topk_weights [T, k],
     gate_up [E, 2I, H], down [E, H, I] -> [T, H] float32.
     activations: how the inputs of both matmuls are rounded first: "fp32"
     (not at all), "bf16", or "int8" (per row, symmetric, as the int formats do).
+    gate_up_bias [E, 2I] (gate then up) and down_bias [E, H] are optional;
+    activation: "silu" or "swiglu_oai" (see :func:`gated_activation`).
     """
-    act = {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
+    round_act = {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
     x = x.float()
     inter = gate_up.shape[1] // 2
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
@@ -25,11 +28,26 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32"):
         if e < 0:
             continue
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        gu = act(x[tok]) @ gate_up[e].float().T
-        h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        y = act(h) @ down[e].float().T
+        gu = round_act(x[tok]) @ gate_up[e].float().T
+        if gate_up_bias is not None:
+            gu = gu + gate_up_bias[e].float()
+        h = gated_activation(gu[:, :inter], gu[:, inter:], activation, swiglu_alpha, swiglu_limit)
+        y = round_act(h) @ down[e].float().T
+        if down_bias is not None:
+            y = y + down_bias[e].float()
         out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
     return out
+
+
+def gated_activation(gate, up, activation="silu", alpha=1.702, limit=7.0):
+    """silu(gate) · up, or gpt-oss's "swiglu_oai": g = clamp(gate, max=limit),
+    g · sigmoid(alpha · g) · (clamp(up, -limit, limit) + 1)."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "swiglu_oai":
+        g = gate.clamp(max=limit)
+        return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+    raise ValueError(f"unknown activation {activation!r}")
 
 
 def quantize_rows_int8(x):

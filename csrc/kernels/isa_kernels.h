@@ -42,6 +42,10 @@ struct IsaKernels {
 
   // h[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < n.
   void (*silu_mul)(const float* gate, const float* up, float* h, int64_t n);
+  // gpt-oss's clamped SwiGLU: g = min(gate[i], limit), u = clamp(up[i], -limit, limit),
+  // h[i] = g / (1 + exp(-alpha * g)) * (u + 1), i < n; a NaN input gives NaN (as torch.clamp).
+  void (*swiglu_oai)(const float* gate, const float* up, float* h, int64_t n, float alpha,
+                     float limit);
 
   // Quantize M rows of x [M, ldx] (k valid columns) to int8: scale[m] = max|x|/127
   // (1 if the row is all zero), q[m][c] = round-half-away(x/scale) for c < k, 0 for
@@ -70,6 +74,8 @@ struct IsaKernels {
   void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,      \
                  int64_t b1, float* c, int64_t ldc);                                              \
   void silu_mul(const float* gate, const float* up, float* h, int64_t n);                         \
+  void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha,           \
+                  float limit);                                                                   \
   void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group, \
                      int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);       \
   void to_bf16(const float* x, uint16_t* y, int64_t n);                                           \

@@ -1,6 +1,7 @@
 // [NOTE] moe_forward: routing, scratch and threading around an IsaKernels table.
 //
-//   out[t] = Σ_j w[t,j] · down_e( silu(gate_e(x_t)) ⊙ up_e(x_t) ),  e = ids[t,j] >= 0
+//   out[t] = Σ_j w[t,j] · (down_e(act(gate_e x_t + bg_e, up_e x_t + bu_e)) + bd_e),  e = ids[t,j] >= 0
+//   act = silu(gate) ⊙ up, or gpt-oss's clamped SwiGLU (p.act); biases optional.
 //
 // Sizes and formats come from the packed headers (expert 0's; all experts of a
 // layer share them): w13 is kGateUp with n = 2I, k = H; w2 is kDown with n = H,
@@ -21,11 +22,12 @@
 //      gather:   token rows -> rows r (contiguous per expert: gemm's M rows).
 //   2. gate/up:  item = (expert, range of block pairs); for every token tile of
 //                the expert: gemm on blocks [2j0, 2j1) (gate/up interleaved) into
-//                a stack tile, then silu_mul per pair -> h[r][16j .. 16j+15] (fp32).
+//                a stack tile, then per pair: + gate/up bias (if any), then the
+//                activation (silu_mul or swiglu_oai) -> h[r][16j .. 16j+15] (fp32).
 //      h rows:   h[r] -> bf16 / int8 rows for w2 (int8 needs the whole row's max,
 //                hence after all gate/up items).
 //   3. down:     item = (expert, range of blocks of w2) -> y[r] (fp32, one slot per
-//                pair), written by gemm directly.
+//                pair), written by gemm directly, + the down bias (if any).
 //   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype
 //                (x's dtype; bf16 / fp16 rounded to nearest even).
 // Item sizes. Items are cut at whole register groups (kGroupBlocks = 4 blocks,
@@ -235,6 +237,17 @@ const PackedMatrixHeader* header_at(const uint8_t* base, int64_t stride, int64_t
   return reinterpret_cast<const PackedMatrixHeader*>(base + e * stride);
 }
 
+// y[c] += bias[c] for c < n (n <= 16 * blocks: the last block may be partly padding).
+inline void add_bias(float* y, const float* bias, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) y[c] += bias[c];
+}
+
+// h[0..16) = act(gate tile, up tile): 16 gate columns g, then 16 up columns g + 16.
+inline void gated_activation(const IsaKernels& isa, const Activation& act, const float* g, float* h) {
+  if (act.kind == GateActivation::kSilu) isa.silu_mul(g, g + 16, h, 16);
+  else isa.swiglu_oai(g, g + 16, h, 16, act.alpha, act.limit);
+}
+
 }  // namespace
 
 void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for) {
@@ -336,6 +349,7 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
     {
       const Item& item = items13[it];
       const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
+      const float* bias13 = p.w13_bias ? p.w13_bias + item.e * 2 * inter : nullptr;  // [2I]
       for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
         const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
         for (int64_t j0 = item.u0; j0 < item.u1; j0 += kMaxPairsPerCall) {
@@ -343,8 +357,14 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
           gemm(isa, w, ga, r0, m, 2 * j0, 2 * (j0 + nj), tile, ldc);
           for (int64_t r = 0; r < m; ++r)
             for (int64_t jj = 0; jj < nj; ++jj) {
-              const float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
-              isa.silu_mul(g, g + 16, hbuf + (r0 + r) * ldh + 16 * (j0 + jj), 16);
+              float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
+              const int64_t col = 16 * (j0 + jj);   // intermediate column of g[0]
+              if (bias13) {  // padding columns (>= I) stay 0: act(0, 0) = 0
+                const int64_t valid = std::min<int64_t>(16, inter - col);
+                add_bias(g, bias13 + col, valid);
+                add_bias(g + 16, bias13 + inter + col, valid);
+              }
+              gated_activation(isa, p.act, g, hbuf + (r0 + r) * ldh + col);
             }
         }
       }
@@ -372,7 +392,12 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
       const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
       for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
         const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
-        gemm(isa, w, ha, r0, m, item.u0, item.u1, ybuf + r0 * ldy + kBlockN * item.u0, ldy);
+        float* y = ybuf + r0 * ldy + kBlockN * item.u0;
+        gemm(isa, w, ha, r0, m, item.u0, item.u1, y, ldy);
+        if (p.w2_bias) {
+          const int64_t cols = std::min(H, kBlockN * item.u1) - kBlockN * item.u0;
+          for (int64_t r = 0; r < m; ++r) add_bias(y + r * ldy, p.w2_bias + item.e * H + kBlockN * item.u0, cols);
+        }
       }
     }
   });

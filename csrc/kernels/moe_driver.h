@@ -1,16 +1,18 @@
 // [NOTE] The MoE forward driver: routing, scratch and threading over a micro-kernel table.
 //
-// out[t] = Σ_j w[t,j] · down_e( silu(gate_e(x_t)) ⊙ up_e(x_t) ),  e = ids[t,j];
-// ids < 0 are skipped; ids >= E must be rejected by the caller (ops layer).
+// out[t] = Σ_j w[t,j] · (down_e(act(gate_e(x_t) + bg_e, up_e(x_t) + bu_e)) + bd_e),  e = ids[t,j];
+// act is silu(gate) ⊙ up, or gpt-oss's clamped SwiGLU; the biases (bg, bu: w13_bias,
+// bd: w2_bias) are optional (absent = 0). ids < 0 are skipped; ids >= E must be
+// rejected by the caller (ops layer).
 //
 // Phases, each a parallel loop over independent work items, so the result is the
 // same bits for any thread count:
 //   1. activations: x (fp32, bf16 or fp16) -> bf16 rows (kBF16) or int8 rows +
 //      scales + group sums (fp16 is widened to fp32 row by row first);
 //      gather each active expert's tokens into a contiguous block;
-//   2. gate/up: items (expert, pair of blocks) -> h = silu(gate) ⊙ up, fp32;
+//   2. gate/up: items (expert, pair of blocks) -> (+ bias) h = act(gate, up), fp32;
 //      then h -> bf16 / int8 rows per (expert, token);
-//   3. down: items (expert, range of blocks) -> y, one slot per (t, j);
+//   3. down: items (expert, range of blocks) -> y (+ bias), one slot per (t, j);
 //   4. combine: out[t] = Σ_j w[t,j] · y[t,j] in j order, written in out's dtype
 //      (x's: fp32, or bf16 / fp16 rounded to nearest even).
 // Decode (few tokens) splits every expert's blocks over all threads; prefill
@@ -24,6 +26,16 @@
 
 namespace ktmoe {
 
+
+// The gated activation between the gate/up and the down projections.
+enum class GateActivation : uint8_t {
+  kSilu = 0,       // h = silu(gate) ⊙ up
+  kSwigluOai = 1,  // gpt-oss: g = min(gate, limit), h = g·sigmoid(alpha g) ⊙ (clamp(up, ±limit) + 1)
+};
+struct Activation {
+  GateActivation kind = GateActivation::kSilu;
+  float alpha = 1.702f, limit = 7.f;  // kSwigluOai only
+};
 
 // The dtype of the activations x and of out (the model's dtype).
 enum class ActDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -42,6 +54,9 @@ struct MoeProblem {
   const uint8_t* w2;     // [E, w2_stride] packed kDown matrices, n = H, k = I
   int64_t w2_stride;
   void* out;             // [T, H] contiguous, same dtype as x
+  Activation act;
+  const float* w13_bias = nullptr;  // [E, 2I] or null: gate bias [0, I), then up bias [I, 2I)
+  const float* w2_bias = nullptr;   // [E, H] or null: added to down's output before weighting
 };
 
 // Runs the forward. Assumes the caller validated shapes, formats and ids.

@@ -11,7 +11,7 @@ namespace ktmoe {
 namespace {
 
 bool complete(const IsaKernels& k) {
-  return k.gemm_bf16 && k.gemm_int8 && k.gemm_int4 && k.silu_mul && k.quantize_rows && k.to_bf16 && k.f16_to_f32 &&
+  return k.gemm_bf16 && k.gemm_int8 && k.gemm_int4 && k.silu_mul && k.swiglu_oai && k.quantize_rows && k.to_bf16 && k.f16_to_f32 &&
          k.f32_to_f16;
 }
 

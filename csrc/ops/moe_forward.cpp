@@ -1,7 +1,10 @@
 // [NOTE] ktmoe::moe_forward: the ATen side of the fused MoE forward.
 //
-// out[t] = Σ_j topk_weights[t,j] · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t)), e = topk_ids[t,j];
-// ids < 0 are skipped, ids >= E are an error. The packed weights describe their
+// out[t] = Σ_j topk_weights[t,j] · (down_e(act(gate_e x_t + bg_e, up_e x_t + bu_e)) + bd_e),
+// e = topk_ids[t,j]; ids < 0 are skipped, ids >= E are an error. act is "silu"
+// (silu(gate) ⊙ up) or "swiglu_oai" (gpt-oss's clamped SwiGLU); the biases
+// w13_bias [E, 2I] (bg = [:, :I], bu = [:, I:]) and w2_bias [E, H] (bd) are
+// optional, any float dtype (read as fp32). The packed weights describe their
 // own format (packed_format.h headers), so the op takes no format argument.
 // hidden_states may be fp32, bf16 or fp16 (converted row by row in the kernel's
 // activation prep, never as a full copy here); out has its dtype.
@@ -9,6 +12,9 @@
 // the torch-free driver with the active ISA's micro-kernels and ATen's pool.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include <cmath>
+#include <string>
 
 #include "kernels/moe_driver.h"
 #include "kernels/packed_format.h"
@@ -19,8 +25,41 @@
 
 namespace ktmoe {
 
+namespace {
+
+Activation parse_activation(c10::string_view name, double alpha, double limit) {
+  Activation act;
+  if (name == "silu") return act;
+  TORCH_CHECK(name == "swiglu_oai", "ktmoe::moe_forward: activation must be \"silu\" or \"swiglu_oai\", got \"",
+              std::string(name), "\"");
+  TORCH_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0,
+              "ktmoe::moe_forward: swiglu_oai needs a finite swiglu_alpha and a finite swiglu_limit > 0, got ",
+              alpha, ", ", limit);
+  act.kind = GateActivation::kSwigluOai;
+  act.alpha = float(alpha);
+  act.limit = float(limit);
+  return act;
+}
+
+// An optional bias as contiguous fp32 [rows, cols] (nullptr data when absent).
+at::Tensor bias_as_f32(const c10::optional<at::Tensor>& bias, const char* name, int64_t rows, int64_t cols,
+                       const char* shape) {
+  if (!bias.has_value()) return at::Tensor();
+  const at::Tensor& b = *bias;
+  TORCH_CHECK(b.device().is_cpu(), "ktmoe::moe_forward: ", name, " must be on CPU");
+  TORCH_CHECK(at::isFloatingType(b.scalar_type()), "ktmoe::moe_forward: ", name,
+              " must be a float tensor, got ", b.scalar_type());
+  TORCH_CHECK(b.dim() == 2 && b.size(0) == rows && b.size(1) == cols, "ktmoe::moe_forward: ", name, " must be ",
+              shape, " = [", rows, ", ", cols, "], got ", b.sizes());
+  return b.to(at::kFloat).contiguous();
+}
+
+}  // namespace
+
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
-                       const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2) {
+                       const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
+                       const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
+                       c10::string_view activation, double swiglu_alpha, double swiglu_limit) {
   // checks
   TORCH_CHECK(hidden_states.device().is_cpu(), "ktmoe::moe_forward: hidden_states must be on CPU");
   const at::ScalarType xt = hidden_states.scalar_type();
@@ -52,6 +91,9 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
               " but the packed experts were packed for H = ", h13.k);
   TORCH_CHECK(h2.n == hidden && h2.k == inter, "ktmoe::moe_forward: w2 is packed for [H, I] = [",
               h2.n, ", ", h2.k, "] but w13 implies [", hidden, ", ", inter, "]");
+  const Activation act = parse_activation(activation, swiglu_alpha, swiglu_limit);
+  const at::Tensor b13 = bias_as_f32(w13_bias, "w13_bias", experts, 2 * inter, "[E, 2I]");
+  const at::Tensor b2 = bias_as_f32(w2_bias, "w2_bias", experts, hidden, "[E, H]");
   at::Tensor out = at::empty({tokens, hidden}, hidden_states.options());
   if (tokens == 0) return out;
   if (topk_ids.size(1) == 0) return out.zero_();
@@ -80,6 +122,9 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   p.w2 = w2.data_ptr<uint8_t>();
   p.w2_stride = w2.size(1);
   p.out = out.data_ptr();
+  p.act = act;
+  p.w13_bias = b13.defined() ? b13.data_ptr<float>() : nullptr;
+  p.w2_bias = b2.defined() ? b2.data_ptr<float>() : nullptr;
   moe_forward(p, active_isa(), [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
     at::parallel_for(0, n, grain, body);
   });

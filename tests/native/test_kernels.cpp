@@ -417,6 +417,7 @@ std::vector<Isa> usable_isas() {
     if (!t.gemm_int8) nulls += " gemm_int8";
     if (!t.gemm_int4) nulls += " gemm_int4";
     if (!t.silu_mul) nulls += " silu_mul";
+    if (!t.swiglu_oai) nulls += " swiglu_oai";
     if (!t.quantize_rows) nulls += " quantize_rows";
     if (!t.to_bf16) nulls += " to_bf16";
     if (!t.f16_to_f32) nulls += " f16_to_f32";
@@ -588,6 +589,37 @@ void test_silu(const IsaKernels& isa, Rng& rng) {
   }
   check(worst <= 1.0, strf("silu_mul [%s] n={1,16,37,1037} incl. +-0, +-88, +-100, +-1e30: max err/tol %.3f (rel tol 1e-5)",
                            isa.name, worst));
+}
+
+// gpt-oss's clamped SwiGLU against a double-precision evaluation of its definition,
+// including values at and around the clamps, huge values and NaN (must stay NaN).
+void test_swiglu_oai(const IsaKernels& isa, Rng& rng) {
+  const float alpha = 1.702f, limit = 7.f, nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> g = {0.f, -0.f, 6.99f, 7.f, 7.01f, -7.01f, 50.f, -50.f, 100.f, -100.f, 1e30f, -1e30f, nan, 1.f};
+  std::vector<float> u = {0.f, 7.01f, -7.01f, 1e30f, -1e30f, -1.f, 6.99f, -6.99f, 3.f, -3.f, 0.5f, nan, 1.f, nan};
+  while (g.size() < 1037) g.push_back(float(rng.gauss() * 6));
+  while (u.size() < g.size()) u.push_back(float(rng.gauss() * 6));
+  double worst = 0;
+  bool nan_kept = true;
+  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
+    std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
+    isa.swiglu_oai(g.data(), u.data(), h.data(), n, alpha, limit);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(g[i]) || std::isnan(u[i])) {
+        nan_kept &= std::isnan(h[i]);
+        continue;
+      }
+      const double gc = std::min<double>(g[i], limit), uc = std::min<double>(std::max<double>(u[i], -limit), limit);
+      const double glu = gc / (1 + std::exp(-double(alpha) * gc)), ref = glu * (uc + 1);
+      const double tol = 1e-5 * (std::fabs(ref) + std::fabs(glu)) + 1e-30;  // (u + 1) rounds in fp32
+      const double err = std::fabs(h[i] - ref);
+      worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
+    }
+    if (h[n] != -7.f) worst = 1e30;
+  }
+  check(worst <= 1.0 && nan_kept,
+        strf("swiglu_oai [%s] n={1,16,37,1037} incl. the clamps, +-1e30: max err/tol %.3f (rel tol 1e-5), NaN %s",
+             isa.name, worst, nan_kept ? "kept" : "LOST"));
 }
 
 void test_quantize(const IsaKernels& isa, Rng& rng) {
@@ -1126,6 +1158,7 @@ int main(int argc, char** argv) {
     test_gemm(*isa.k, WeightFormat::kINT4, MatrixRole::kDown, 33, 200, 64, rng);
     test_gemm(*isa.k, WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 300, 128, rng);
     test_silu(*isa.k, rng);
+    test_swiglu_oai(*isa.k, rng);
     test_quantize(*isa.k, rng);
     test_to_bf16(*isa.k, rng);
     test_f16(*isa.k, rng);

@@ -6,6 +6,9 @@
 //                  underflow 0 / denormals, never NaN): ~1-2 ulp, so h is within
 //                  ~1e-6 relative of the libm expression; gate = -inf or NaN gives NaN
 //                  as the expression does.
+//   swiglu_oai:    gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit) (vminps /
+//                  vmaxps with the data as 2nd operand: NaN stays NaN), then
+//                  h = g / (1 + exp(-alpha g)) * (u + 1) with the same exp.
 //   quantize_rows: scale = max|x| / 127 (1 for an all-zero row or one whose scale
 //                  underflows to 0), q = round half away from zero of (x / scale),
 //                  clamped to [-127, 127] -- a true IEEE division, as the spec
@@ -74,6 +77,19 @@ void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
     const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
     _mm512_mask_storeu_ps(h + i, mk, _mm512_mul_ps(s, u));
+  }
+}
+
+// h[i] = g / (1 + exp(-alpha g)) * (u + 1), g = min(gate[i], limit), u = clamp(up[i], ±limit).
+void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
+  const __m512 one = _mm512_set1_ps(1.f), lim = _mm512_set1_ps(limit), neg_lim = _mm512_set1_ps(-limit);
+  const __m512 neg_alpha = _mm512_set1_ps(-alpha);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mk = first_lanes(n - i);
+    const __m512 g = _mm512_min_ps(lim, _mm512_maskz_loadu_ps(mk, gate + i));
+    const __m512 u = _mm512_min_ps(lim, _mm512_max_ps(neg_lim, _mm512_maskz_loadu_ps(mk, up + i)));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_mul_ps(neg_alpha, g))));
+    _mm512_mask_storeu_ps(h + i, mk, _mm512_mul_ps(s, _mm512_add_ps(u, one)));
   }
 }
 

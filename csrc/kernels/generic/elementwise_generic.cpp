@@ -1,5 +1,8 @@
 // [NOTE] Generic element-wise kernels (portable C++17, the oracle):
 //   silu_mul       h = silu(gate) * up = gate / (1 + exp(-gate)) * up, fp32.
+//   swiglu_oai     gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
+//                  h = g / (1 + exp(-alpha g)) * (u + 1) (= g·sigmoid(alpha g)·(u + 1));
+//                  the comparisons are written so that NaN stays NaN, as torch.clamp.
 //   quantize_rows  per row: scale = max|x| / 127 (1 if the row is all zero),
 //                  q = round-half-away-from-zero(x / scale) in [-127, 127], zero
 //                  padding to kp, and the int32 sums of q per group of columns.
@@ -24,6 +27,15 @@ namespace generic {
 // gate, up, h: [n] fp32.
 void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+// gate, up, h: [n] fp32.
+void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i] > limit ? limit : gate[i];
+    const float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+    h[i] = g / (1.f + std::exp(-alpha * g)) * (u + 1.f);
+  }
 }
 
 // x: fp32 [m, ldx] (k valid columns); q: int8 [m, ldq] (kp written); scale: [m];

@@ -1,6 +1,10 @@
-// [NOTE] h = silu(gate) ⊙ up, AVX2 + FMA, 8 lanes at a time.
+// [NOTE] The gated activations h = act(gate) ⊙ up, AVX2 + FMA, 8 lanes at a time.
 //
-// h[i] = gate[i] / (1 + exp(-gate[i])) * up[i]. exp is the Cephes single-precision
+// silu_mul:   h[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
+// swiglu_oai: g = min(gate[i], limit), u = clamp(up[i], -limit, limit) (vminps /
+//             vmaxps with the data as 2nd operand, so NaN stays NaN),
+//             h[i] = g / (1 + exp(-alpha g)) * (u + 1)  (gpt-oss).
+// exp is the Cephes single-precision
 // scheme: n = round(x·log2 e), r = x − n·ln2 (ln2 split in two constants so the
 // reduction is exact enough), exp(r) by a degree-5 polynomial, then scaled by 2^n
 // built in the exponent field. Relative error about 2 ulp over the clamped range
@@ -41,20 +45,39 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_div_ps(g, den), u);
 }
 
-}  // namespace
+inline __m256 swiglu_oai8(__m256 g, __m256 u, __m256 alpha, __m256 limit) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  g = _mm256_min_ps(limit, g);
+  u = _mm256_min_ps(limit, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), limit), u));
+  const __m256 den = _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), alpha), g)));
+  return _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_add_ps(u, one));
+}
 
-// gate, up, h: [n] fp32.
-void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
+// h[i] = f(gate[i], up[i]) for i < n, 8 lanes at a time; the tail runs f on a zero-padded copy.
+template <class F>
+inline void gated_map(const float* gate, const float* up, float* h, int64_t n, const F& f) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(h + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(h + i, f(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
   if (i < n) {
     alignas(32) float g[8] = {}, u[8] = {}, o[8];
     std::memcpy(g, gate + i, size_t(n - i) * 4);
     std::memcpy(u, up + i, size_t(n - i) * 4);
-    _mm256_store_ps(o, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    _mm256_store_ps(o, f(_mm256_load_ps(g), _mm256_load_ps(u)));
     std::memcpy(h + i, o, size_t(n - i) * 4);
   }
+}
+
+}  // namespace
+
+// gate, up, h: [n] fp32.
+void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
+  gated_map(gate, up, h, n, silu_mul8);
+}
+
+// gate, up, h: [n] fp32.
+void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
+  const __m256 a = _mm256_set1_ps(alpha), l = _mm256_set1_ps(limit);
+  gated_map(gate, up, h, n, [&](__m256 g, __m256 u) { return swiglu_oai8(g, u, a, l); });
 }
 
 }  // namespace avx2

@@ -1,0 +1,109 @@
+"""moe_forward with expert biases and gpt-oss's clamped SwiGLU ("swiglu_oai"): every format and ISA
+against the independent fp32 reference, the ISAs against the generic oracle, and clear errors."""
+import pytest
+import torch
+
+import torch_ktmoe
+from torch_ktmoe import ops, reference
+from tests.conftest import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
+
+FORMATS = ["bf16", "int8", "int4"]
+LIMIT = 7.0
+
+
+def problem(experts, top_k, hidden, inter, tokens, seed=0, bias_scale=4.0):
+    """Experts, biases and inputs whose gate/up pre-activations often pass +-LIMIT (the clamps matter)."""
+    g = torch.Generator().manual_seed(seed)
+    gate_up, down = random_experts(experts, hidden, inter, seed=seed)
+    gate_up_bias = torch.randn(experts, 2 * inter, generator=g) * bias_scale
+    down_bias = torch.randn(experts, hidden, generator=g)
+    x = torch.randn(tokens, hidden, generator=g) * 3
+    ids, w = random_routing(tokens, experts, top_k, seed=seed + 1, masked=0.1)
+    return x, ids, w, gate_up, down, gate_up_bias, down_bias
+
+
+def forward(fmt, x, ids, w, gate_up, down, b13, b2, activation="swiglu_oai"):
+    w13, w2 = ops.pack_experts(gate_up, down, fmt)
+    return ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation=activation,
+                           swiglu_limit=LIMIT), (w13, w2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
+@pytest.mark.parametrize("shape", [(8, 2, 64, 32, 1), (6, 3, 100, 72, 7), (4, 4, 96, 48, 130)],
+                         ids=lambda s: "E{}k{}H{}I{}T{}".format(*s))
+def test_matches_reference_of_the_formats_rounding(isa, fmt, activation, shape):
+    x, ids, w, gate_up, down, b13, b2 = problem(*shape)
+    out, _ = forward(fmt, x, ids, w, gate_up, down, b13, b2, activation)
+    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, fmt),
+                                  reference.quantize_weights(down, fmt), reference.format_activations(fmt),
+                                  gate_up_bias=b13, down_bias=b2, activation=activation, swiglu_limit=LIMIT)
+    assert reference.relative_error(out, ref) <= QUANTIZED_REFERENCE_TOLERANCE, f"{isa}/{fmt}/{activation}"
+
+
+def test_the_clamps_are_exercised_and_matter():
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 16)
+    pre = torch.einsum("th,eih->tei", x, gate_up) + b13  # every token through every expert
+    assert (pre.abs() > LIMIT).float().mean() > 0.05
+    out, _ = forward("bf16", x, ids, w, gate_up, down, b13, b2)
+    loose = reference.moe_reference(x, ids, w, gate_up, down, "bf16", gate_up_bias=b13, down_bias=b2,
+                                    activation="swiglu_oai", swiglu_limit=1e6)  # no clamp at all
+    assert reference.relative_error(out, loose) > 0.05
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_isa_paths_agree_with_generic(isa, fmt):
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 3, 160, 96, 40)
+    out, (w13, w2) = forward(fmt, x, ids, w, gate_up, down, b13, b2)
+    torch_ktmoe.set_isa("generic")
+    ref = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
+    torch_ktmoe.set_isa(isa)
+    assert reference.relative_error(out, ref) <= 2e-3
+
+
+def test_bias_dtypes_and_absent_biases():
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 5)
+    w13, w2 = ops.pack_experts(gate_up, down, "bf16")
+    f32 = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2)
+    half = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13.bfloat16(), w2_bias=b2.bfloat16())
+    as_f32 = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13.bfloat16().float(), w2_bias=b2.bfloat16().float())
+    assert torch.equal(half, as_f32)  # read as fp32, exactly
+    zero = ops.moe_forward(x, ids, w, w13, w2, w13_bias=torch.zeros_like(b13), w2_bias=torch.zeros_like(b2))
+    assert torch.equal(zero, ops.moe_forward(x, ids, w, w13, w2))
+    assert not torch.equal(f32, zero)
+    only_down = ops.moe_forward(x, ids, w, w13, w2, w2_bias=b2)
+    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "bf16"),
+                                  reference.quantize_weights(down, "bf16"), "bf16", down_bias=b2)
+    assert reference.relative_error(only_down, ref) <= QUANTIZED_REFERENCE_TOLERANCE
+
+
+def test_nan_in_a_token_stays_in_that_token():
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 4)
+    x[1, 3] = float("nan")
+    ids[1] = torch.tensor([0, 1])
+    ids[[0, 2, 3]] = torch.tensor([2, 3])  # the other tokens share no expert with token 1
+    out, _ = forward("bf16", x, ids, w, gate_up, down, b13, b2)
+    assert out[1].isnan().all() and out[[0, 2, 3]].isfinite().all()
+
+
+def test_opcheck_with_biases():
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 3)
+    w13, w2 = ops.pack_experts(gate_up, down, "int8")
+    torch.library.opcheck(torch.ops.ktmoe.moe_forward.default,
+                          (x, ids, w, w13, w2, b13, b2, "swiglu_oai", 1.702, LIMIT),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(w13_bias=torch.zeros(8, 63)), r"w13_bias must be \[E, 2I\] = \[8, 64\]"),
+    (dict(w2_bias=torch.zeros(7, 64)), r"w2_bias must be \[E, H\] = \[8, 64\]"),
+    (dict(w2_bias=torch.zeros(8, 64, dtype=torch.int32)), "w2_bias must be a float tensor"),
+    (dict(activation="gelu"), 'activation must be "silu" or "swiglu_oai"'),
+    (dict(activation="swiglu_oai", swiglu_limit=0.0), "swiglu_limit > 0"),
+    (dict(activation="swiglu_oai", swiglu_alpha=float("nan")), "finite swiglu_alpha"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    x, ids, w, gate_up, down, *_ = problem(8, 2, 64, 32, 3)
+    w13, w2 = ops.pack_experts(gate_up, down, "bf16")
+    with pytest.raises(RuntimeError, match=match):
+        ops.moe_forward(x, ids, w, w13, w2, **kwargs)
