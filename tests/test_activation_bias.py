@@ -107,3 +107,37 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
     w13, w2 = ops.pack_experts(gate_up, down, "bf16")
     with pytest.raises(RuntimeError, match=match):
         ops.moe_forward(x, ids, w, w13, w2, **kwargs)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_ktmoe_layer_with_biases_and_swiglu_oai(parts):
+    import copy
+    import pickle
+
+    x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 48, 9)
+    layer = torch_ktmoe.KTMoE(8, 2, 64, 48, numa_parts=parts, activation="swiglu_oai", swiglu_limit=LIMIT)
+    layer.load_weights(gate_up, down, gate_up_bias=b13, down_bias=b2)
+    x = x.bfloat16()
+    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "bf16"),
+                                  reference.quantize_weights(down, "bf16"), "bf16", gate_up_bias=b13,
+                                  down_bias=b2, activation="swiglu_oai", swiglu_limit=LIMIT)
+    out = layer(x, ids, w)
+    assert out.dtype == torch.bfloat16
+    assert reference.relative_error(out, ref) <= 4e-3  # the bf16 output's own rounding: ~1e-3
+    got13, got2 = layer.biases()
+    assert torch.equal(got13, b13) and torch.equal(got2, b2)
+    for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert twin.activation == "swiglu_oai" and torch.equal(twin(x, ids, w), out)
+    layer.set_biases(None, None)
+    plain = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "bf16"),
+                                    reference.quantize_weights(down, "bf16"), "bf16", activation="swiglu_oai",
+                                    swiglu_limit=LIMIT)
+    assert reference.relative_error(layer(x, ids, w), plain) <= 4e-3
+
+
+def test_ktmoe_rejects_unknown_activation_and_bad_bias_shapes():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        torch_ktmoe.KTMoE(8, 2, 64, 32, activation="gelu")
+    layer = torch_ktmoe.KTMoE(8, 2, 64, 32)
+    with pytest.raises(ValueError, match=r"gate_up_bias must have shape \(8, 64\)"):
+        layer.set_biases(torch.zeros(8, 32), None)

@@ -53,6 +53,15 @@ class KTMoE(nn.Module):
         cache_trust_others: accept cache files and directories owned by
             another user or writable by others (refused by default: the layer
             then packs into an unnamed file and keeps nothing).
+        activation: the gated activation between the projections: ``"silu"``
+            (``silu(gate) * up``, default) or ``"swiglu_oai"`` (gpt-oss:
+            ``g = clamp(gate, max=swiglu_limit)``,
+            ``g * sigmoid(swiglu_alpha * g) * (clamp(up, ±swiglu_limit) + 1)``).
+        swiglu_alpha, swiglu_limit: the constants of ``"swiglu_oai"``.
+
+    Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
+    :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
+    not part of the packed cache files.
 
     ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
     returns the weighted sum of the routed experts, shaped and typed like
@@ -74,8 +83,11 @@ class KTMoE(nn.Module):
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
                  hugepage: bool = True, warm: str = "none", cache: Optional[str] = None,
-                 verify: str = "header", cache_trust_others: bool = False):
+                 verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
         super().__init__()
+        if activation not in ops.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ops.ACTIVATIONS}, got {activation!r}")
         if warm not in WARM_MODES:
             raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
         if weight_format not in ops.WEIGHT_FORMATS:
@@ -88,6 +100,7 @@ class KTMoE(nn.Module):
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
         self.warm_mode = warm
+        self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
         self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
         if cache is not None:
             _cache.check_policy(cache)
@@ -102,6 +115,8 @@ class KTMoE(nn.Module):
         for p in range(parts):
             self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
+            self.register_buffer(f"b13_{p}", None, persistent=False)  # [E, 2 I_p] fp32: part p's gate, up bias
+            self.register_buffer(f"b2_{p}", None, persistent=False)   # [E, H] fp32: down bias (part 0 only)
         self._pending = {}  # load_expert: the layer's dense experts until all have arrived
 
     # ---------------------------------------------------------------- loading
@@ -114,17 +129,38 @@ class KTMoE(nn.Module):
         return self.w13_0.numel() > 0
 
     def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
-                     fingerprint: Optional[str] = None) -> None:
+                     fingerprint: Optional[str] = None, gate_up_bias: Optional[torch.Tensor] = None,
+                     down_bias: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
         ``fingerprint`` names the source of the weights for the cache (e.g. the
         checkpoint files' names, sizes and mtimes); by default, with a cache, it
         is a hash of the tensors' bytes. A valid cache file skips packing.
+        ``gate_up_bias`` / ``down_bias``: see :meth:`set_biases`.
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
         fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj)
         self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint)
+        if gate_up_bias is not None or down_bias is not None:
+            self.set_biases(gate_up_bias, down_bias)
+
+    def set_biases(self, gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor]) -> None:
+        """Expert biases: gate_up_bias [E, 2I] (gate columns, then up, as gate_up_proj's rows) is
+        added before the activation, down_bias [E, H] to each expert's output; None: no bias.
+        Kept as fp32 copies, split like the experts over the NUMA parts."""
+        E, H, inter = self.num_experts, self.hidden_size, self.intermediate_size
+        if gate_up_bias is not None:
+            self._check_shape("gate_up_bias", gate_up_bias, (E, 2 * inter))
+        if down_bias is not None:
+            self._check_shape("down_bias", down_bias, (E, H))
+        with torch.no_grad():
+            for p in range(self.numa_parts):
+                lo, hi = self._bounds[p], self._bounds[p + 1]
+                b13 = None if gate_up_bias is None else torch.cat(
+                    [gate_up_bias[:, lo:hi], gate_up_bias[:, inter + lo:inter + hi]], 1).float().contiguous()
+                b2 = None if down_bias is None or p > 0 else down_bias.detach().float().contiguous().clone()
+                self._buffers[f"b13_{p}"], self._buffers[f"b2_{p}"] = b13, b2
 
     def load_weights_separate(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, *,
                               fingerprint: Optional[str] = None) -> None:
@@ -288,20 +324,34 @@ class KTMoE(nn.Module):
         w13 = buffers["w13_0"]
         if w13.numel() == 0:
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
-        if len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
+        plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
+        if plain and len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
             return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden_size)
         ids = topk_ids.reshape(x.shape[0], -1)
         weights = topk_weights.reshape(x.shape[0], -1)
+        act = (self.activation, self.swiglu_alpha, self.swiglu_limit)
         if self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
-            out = torch.ops.ktmoe.moe_forward(x, ids, weights, self.w13_0, self.w2_0)
+            out = torch.ops.ktmoe.moe_forward(x, ids, weights, w13, buffers["w2_0"], buffers["b13_0"],
+                                              buffers["b2_0"], *act)
         else:  # partial outputs of the parts, summed in fp32
             xf = x.float()
-            out = sum(torch.ops.ktmoe.moe_forward(xf, ids, weights, w13, w2)
-                      for w13, w2 in self.packed_tensors()).to(x.dtype)
+            out = sum(torch.ops.ktmoe.moe_forward(xf, ids, weights, w13, w2, buffers[f"b13_{p}"],
+                                                  buffers[f"b2_{p}"], *act)
+                      for p, (w13, w2) in enumerate(self.packed_tensors())).to(x.dtype)
         return out.reshape(shape)
+
+    def biases(self):
+        """(gate_up_bias [E, 2I], down_bias [E, H]) fp32 as given to :meth:`set_biases`, or None each."""
+        b13 = [self._buffers[f"b13_{p}"] for p in range(self.numa_parts)]
+        if b13[0] is None:
+            gate_up = None
+        else:
+            halves = [b.split(b.shape[1] // 2, 1) for b in b13]
+            gate_up = torch.cat([h[0] for h in halves] + [h[1] for h in halves], 1)
+        return gate_up, self._buffers["b2_0"]
 
     # ---------------------------------------------------------------- copies
     def __deepcopy__(self, memo):
@@ -319,16 +369,18 @@ class KTMoE(nn.Module):
                     mmap_experts_dir=self.mmap_experts_dir, layer_idx=self.layer_idx,
                     numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
                     warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None,
-                    verify=self.verify, cache_trust_others=self.cache_trust_others)
+                    verify=self.verify, cache_trust_others=self.cache_trust_others,
+                    activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
 
     def __reduce__(self):
         kwargs, where = self._constructor_kwargs(), f"KTMoE(layer {self.layer_idx})"
+        biases = self.biases()  # small: always by value
         if not self.loaded:
-            return (_unpickle_ktmoe, (kwargs, None))
+            return (_unpickle_ktmoe, (kwargs, None, biases))
         stats = self.arena_stats()
         if all(s["file_backed_bytes"] == 0 for s in stats):  # anonymous: by value
             data = [(w13.numpy().copy(), w2.numpy().copy()) for w13, w2 in self.packed_tensors()]
-            return (_unpickle_ktmoe, (dict(kwargs, mmap_experts_dir=None, cache=None), ("bytes", data)))
+            return (_unpickle_ktmoe, (dict(kwargs, mmap_experts_dir=None, cache=None), ("bytes", data), biases))
         if any(s["anon_bytes"] for s in stats):
             raise TypeError(f"cannot pickle {where}: part of its experts fell back to anonymous memory "
                             f"and part is file-backed in {self.mmap_experts_dir}; another process could "
@@ -345,7 +397,7 @@ class KTMoE(nn.Module):
                             f"other process can open: the cache in {self.mmap_experts_dir} kept no file ({why}). "
                             "Use a cache directory that only you can write (or cache_trust_others=True), "
                             "or copy.deepcopy in-process.")
-        return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint)))
+        return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint), biases))
 
     # ---------------------------------------------------------------- reporting
     @property
@@ -367,14 +419,18 @@ class KTMoE(nn.Module):
             storage = f"file-backed in {self.mmap_experts_dir}"
         else:
             storage = f"file-backed in {self.mmap_experts_dir} (with anonymous fallback)"
+        act = "" if self.activation == "silu" else (
+            f"activation={self.activation}(alpha={self.swiglu_alpha:g}, limit={self.swiglu_limit:g}), ")
+        bias = ", biases" if any(b is not None for b in self.biases()) else ""
         return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
-                f"intermediate={self.intermediate_size}, format={self.weight_format}, "
+                f"intermediate={self.intermediate_size}, format={self.weight_format}, {act}"
                 f"numa_parts={self.numa_parts}, packed={self.packed_bytes / 2**20:.1f} MiB, "
-                f"storage={storage}")
+                f"storage={storage}{bias}")
 
 
-def _unpickle_ktmoe(kwargs: dict, weights) -> KTMoE:
+def _unpickle_ktmoe(kwargs: dict, weights, biases=(None, None)) -> KTMoE:
     m = KTMoE(**kwargs)
+    m.set_biases(*biases)
     if weights is None:
         return m
     kind, payload = weights
