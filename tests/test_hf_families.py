@@ -130,7 +130,7 @@ def tiny_model(model_type: str, dtype=torch.float32) -> nn.Module:
 
 def test_families_table_matches_supported_set():
     assert set(FAMILIES.values()) | {"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts",
-                                     "DeepseekV3Experts"} == SUPPORTED_EXPERTS_CLASSES
+                                     "DeepseekV3Experts", "GptOssExperts"} == SUPPORTED_EXPERTS_CLASSES  # gpt-oss: test_hf_gpt_oss.py
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))

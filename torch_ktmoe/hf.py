@@ -52,6 +52,7 @@ afterwards changes nothing).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -64,13 +65,16 @@ import torch.nn as nn
 from . import hf_packed
 from .cache import checkpoint_fingerprint, layer_fingerprint
 from .memory import release_free_heap
+from .integrations.experts_layout import SILU_CONCATENATED
 from .integrations.transformers_experts import (
     SUPPORTED_EXPERTS_CLASSES,
     KTMoEExperts,
     UnsupportedExpertsError,
     _ktmoe_cls,
     experts_dims,
+    layout_of,
     looks_like_experts,
+    pack_dense_experts,
     register_experts_implementation,
     unsupported_reason,
 )
@@ -172,7 +176,9 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 
-def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs):
+def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs, layout=None):
+    if layout is not None:  # the replaced class's activation (gpt-oss: swiglu_oai)
+        ktmoe_kwargs = {**layout.ktmoe_kwargs(), **ktmoe_kwargs}
     if mmap_experts_dir is not None:
         os.makedirs(mmap_experts_dir, exist_ok=True)  # KTMoE itself falls back to anonymous memory if it is missing
     return _ktmoe_cls()(
@@ -189,6 +195,8 @@ def _make_ktmoe(E, top_k, H, I, layer_idx, weight_format, mmap_experts_dir, ktmo
 
 def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
     E, H, I = experts_dims(block.module)
+    layout = layout_of(block.module)
+    dtype = block.module.gate_up_proj.dtype
     adapter = KTMoEExperts(
         ktmoe,
         num_experts=E,
@@ -197,8 +205,17 @@ def _adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
         top_k=int(block.module.config.num_experts_per_tok),
         layer_idx=block.layer_idx,
         replaced_class=block.class_name,
+        layout=layout,
+        dtype=dtype,
     )
-    adapter.dense_dtype = block.module.gate_up_proj.dtype
+    if layout.biases:  # the replaced module's values (meta while from_pretrained builds the model)
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            src = getattr(block.module, name)
+            if src.is_meta:
+                setattr(adapter, name, nn.Parameter(torch.empty_like(src, device="meta"), requires_grad=False))
+            else:
+                getattr(adapter, name).data.copy_(src.detach())
+    adapter.dense_dtype = dtype
     return adapter
 
 
@@ -262,8 +279,9 @@ def patch_model(
     for b in it:
         E, H, I = experts_dims(b.module)
         top_k = int(b.module.config.num_experts_per_tok)
-        ktm = _make_ktmoe(E, top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs)
-        ktm.load_weights(b.module.gate_up_proj.detach(), b.module.down_proj.detach())
+        layout = layout_of(b.module)
+        ktm = _make_ktmoe(E, top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs, layout)
+        pack_dense_experts(ktm, layout, b.module.gate_up_proj.detach(), b.module.down_proj.detach())
         _set_submodule(model, b.name, _adapter_for(b, ktm))
         dense = sum(p.numel() * p.element_size() for p in b.module.parameters(recurse=True))
         if free_dense:
@@ -361,8 +379,12 @@ def _candidate_prefixes(name: str, base_model_prefix: str) -> list[str]:
 
 
 def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, ktm, dtype, base_model_prefix,
-                  fingerprint=None):
-    """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time."""
+                  fingerprint=None, layout=None):
+    """Read block ``b``'s experts out of the checkpoint into ``ktm.load_expert``, one expert at a time.
+
+    Fused keys are in the replaced class's ``layout`` (gpt-oss: transposed, gate/up interleaved)."""
+    layout = layout or SILU_CONCATENATED
+    shapes = layout.shapes(E, H, I)
     tried = []
     for p in _candidate_prefixes(b.name, base_model_prefix):
         fused = [(f"{p}.gate_up_proj", f"{p}.down_proj")]
@@ -372,14 +394,20 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
         gu_key, dn_key = next(((g, d) for g, d in fused if g in ckpt and d in ckpt), fused[0])
         tried.extend(g for g, _ in fused)
         if gu_key in ckpt and dn_key in ckpt:
-            if ckpt.shape(gu_key) != [E, 2 * I, H] or ckpt.shape(dn_key) != [E, H, I]:
+            if ckpt.shape(gu_key) != list(shapes["gate_up_proj"]) or ckpt.shape(dn_key) != list(shapes["down_proj"]):
                 raise ValueError(
                     f"{gu_key}: shapes {ckpt.shape(gu_key)} / {ckpt.shape(dn_key)}, "
-                    f"expected [E, 2I, H]={[E, 2 * I, H]} / [E, H, I]={[E, H, I]}"
+                    f"expected {list(shapes['gate_up_proj'])} / {list(shapes['down_proj'])}"
                 )
             for e in range(E):
-                ktm.load_expert(e, ckpt.get_row(gu_key, e).to(dtype), ckpt.get_row(dn_key, e).to(dtype),
+                gate, up = layout.split_gate_up(ckpt.get_row(gu_key, e))
+                ktm.load_expert(e, torch.cat([gate, up]).to(dtype), layout.down(ckpt.get_row(dn_key, e)).to(dtype),
                                 fingerprint=fingerprint)
+            return
+        blocks_key = f"{p}.gate_up_proj_blocks"
+        tried.append(blocks_key)
+        if blocks_key in ckpt:  # MXFP4 (gpt-oss checkpoints): dequantized expert by expert
+            _stream_mxfp4(ckpt, p, E, H, I, ktm, dtype, layout, fingerprint)
             return
         for g_sfx, u_sfx, d_sfx in _PER_EXPERT_LAYOUTS:
             first = f"{p}.0.{g_sfx}"
@@ -396,6 +424,26 @@ def _stream_block(ckpt: _Checkpoint, b: ExpertsBlock, E: int, H: int, I: int, kt
                 del g, u, d
             return
     raise KeyError(f"{b.name} ({b.class_name}): no expert weights in the checkpoint; looked for {tried}")
+
+
+def _stream_mxfp4(ckpt: _Checkpoint, p: str, E: int, H: int, I: int, ktm, dtype, layout, fingerprint) -> None:
+    """gpt-oss MXFP4 experts: ``<p>.gate_up_proj_blocks`` [E, 2I, H/32, 16] + ``_scales`` [E, 2I, H/32]
+    and the same for down_proj ([E, H, I/32, 16]); rows are output features (not transposed)."""
+    from .mxfp4 import dequantize_mxfp4
+
+    rows = dataclasses.replace(layout, transposed=False)  # stored output-major
+    want = {"gate_up_proj": [E, 2 * I, H // 32, 16], "down_proj": [E, H, I // 32, 16]}
+    for name, shape in want.items():
+        got = ckpt.shape(f"{p}.{name}_blocks")
+        if got != shape or ckpt.shape(f"{p}.{name}_scales") != shape[:3]:
+            raise ValueError(f"{p}.{name}_blocks / _scales: shapes {got} / {ckpt.shape(f'{p}.{name}_scales')}, "
+                             f"expected {shape} / {shape[:3]}")
+    for e in range(E):
+        gate_up = dequantize_mxfp4(ckpt.get_row(f"{p}.gate_up_proj_blocks", e),
+                                   ckpt.get_row(f"{p}.gate_up_proj_scales", e))  # [2I, H]
+        down = dequantize_mxfp4(ckpt.get_row(f"{p}.down_proj_blocks", e), ckpt.get_row(f"{p}.down_proj_scales", e))
+        gate, up = rows.split_gate_up(gate_up)
+        ktm.load_expert(e, torch.cat([gate, up]).to(dtype), down.to(dtype), fingerprint=fingerprint)
 
 
 _LOAD_HOOK_LOCK = threading.Lock()
@@ -442,7 +490,7 @@ def _map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report)
                 f"from_pretrained({path}): {b.name}: the config says E, H, I, top_k = {(E, H, I, adapter.top_k)}, "
                 f"the manifest {(entry['num_experts'], entry['hidden_size'], entry['intermediate_size'], entry['top_k'])}"
             )
-        ktm = hf_packed.load_layer(entry, path, manifest["experts_dir"], ktmoe_kwargs)
+        ktm = hf_packed.load_layer(entry, path, manifest["experts_dir"], {**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
         adapter.ktmoe = ktm
         adapter.layer_idx = ktm.layer_idx
         _account(report, b, ktm, 0)
@@ -463,6 +511,22 @@ def _resolve_dir(path) -> str:
     from huggingface_hub import snapshot_download
 
     return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py"])
+
+
+def _config_without_mxfp4(path: str, hf_kwargs: dict):
+    """The config of an MXFP4 checkpoint (gpt-oss) without its quantization_config, else None.
+
+    Its experts are dequantized expert by expert by the streaming loader; everything else in
+    such a checkpoint is plain bf16, so transformers must not set up its own MXFP4 quantizer."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=hf_kwargs.get("trust_remote_code", False))
+    qc = getattr(config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if str(getattr(method, "value", method)) != "mxfp4":
+        return None
+    del config.quantization_config
+    return config
 
 
 def from_pretrained(
@@ -510,6 +574,10 @@ def from_pretrained(
     if hf_kwargs.get("quantization_config") is not None:
         raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
     path = _resolve_dir(pretrained_model_name_or_path)
+    if "config" not in hf_kwargs:
+        config = _config_without_mxfp4(path, hf_kwargs)
+        if config is not None:
+            hf_kwargs["config"] = config
     ktmoe_kwargs = dict(ktmoe_kwargs or {})
     packed = hf_packed.is_packed_dir(path)
     if packed:
@@ -584,10 +652,12 @@ def from_pretrained(
             entries = tqdm(entries, desc="ktmoe: streaming experts", unit="layer")
         with torch.no_grad():
             for b, E, H, I, adapter in entries:
-                ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs)
+                ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs,
+                                  adapter.layout)
                 fingerprint = layer_fingerprint(source, b.name)
                 if not ktm.try_load_cached(fingerprint):
-                    _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix, fingerprint)
+                    _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix, fingerprint,
+                                  adapter.layout)
                 adapter.ktmoe = ktm
                 _account(report, b, ktm, 0)
     finally:

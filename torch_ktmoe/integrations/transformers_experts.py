@@ -32,11 +32,11 @@ Two ways in:
 Either way ``state_dict()`` (so ``save_pretrained``) unpacks the experts again under the
 replaced module's keys: bf16 exactly, int8 / int4 dequantized with a warning.
 
-Every other experts class is refused with a reason (:func:`unsupported_reason`);
-gpt-oss (``GptOssExperts``) is refused: its gate/up columns are interleaved, its
-experts have biases and its activation is a clamped SwiGLU
-(``(clamp(up)+1) * g*sigmoid(1.702 g)``, ``g = clamp(gate, max=7)``), none of
-which the KTMoE kernels compute.
+gpt-oss (``GptOssExperts``) stores its experts transposed, with gate/up interleaved and
+with biases, and gates with a clamped SwiGLU: :mod:`.experts_layout` maps that layout to
+KTMoE's (``activation="swiglu_oai"``, biases kept as the adapter's own parameters, under
+the replaced module's keys). Every other experts class is refused with a reason
+(:func:`unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from .experts_layout import SILU_CONCATENATED, ExpertsLayout, flags_layout, gpt_oss_layout
 
 __all__ = [
     "KTMoEExperts",
@@ -63,6 +65,8 @@ __all__ = [
     "implementation_options",
     "dense_experts",
     "ENV_OPTIONS",
+    "layout_of",
+    "pack_dense_experts",
 ]
 
 # Experts classes of transformers 5.x validated against the KTMoE semantics (fused [E,2I,H]
@@ -76,16 +80,9 @@ SUPPORTED_EXPERTS_CLASSES = frozenset(
         "Glm4MoeLiteExperts", "GraniteMoeExperts", "GraniteMoeSharedExperts", "HunYuanMoEV1Experts",
         "JambaExperts", "LagunaExperts", "MiniMaxExperts", "MiniMaxM2Experts", "PhimoeExperts",
         "Qwen3NextExperts", "SolarOpenExperts",
+        "GptOssExperts",  # transposed, interleaved, biased, clamped SwiGLU (experts_layout.py)
     }
 )
-
-_KNOWN_REFUSALS = {
-    "GptOssExperts": (
-        "GptOssExperts: gpt-oss experts store gate/up interleaved and transposed ([E, H, 2I], gate=cols 0::2, up=cols 1::2), "
-        "add per-expert biases and use a clamped SwiGLU ((clamp(up,-7,7)+1) * g*sigmoid(1.702*g), "
-        "g=clamp(gate,max=7)); KTMoE computes down(silu(gate)*up) without biases, so it cannot run them exactly"
-    ),
-}
 
 
 class UnsupportedExpertsError(TypeError):
@@ -116,10 +113,36 @@ def _is_silu(act) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+def _is_gpt_oss(cls) -> bool:
+    return cls.__name__ == "GptOssExperts" and cls.__module__.startswith("transformers.models.gpt_oss.")
+
+
+def layout_of(module: nn.Module) -> ExpertsLayout:
+    """How ``module`` stores its dense experts and which activation it gates with."""
+    return gpt_oss_layout(module) if _is_gpt_oss(type(module)) else flags_layout(module)
+
+
 def experts_dims(module: nn.Module) -> tuple[int, int, int]:
     """(num_experts, hidden_size, intermediate_size) from the parameter shapes (meta tensors are fine)."""
-    E, two_i, H = module.gate_up_proj.shape
-    return int(E), int(H), int(two_i) // 2
+    return layout_of(module).dims(module.gate_up_proj)
+
+
+def pack_dense_experts(ktm, layout: ExpertsLayout, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                       fingerprint: str | None = None) -> None:
+    """Pack dense experts stored in ``layout`` into ``ktm`` (views, no dense copy of the layer)."""
+    if layout.transposed or layout.interleaved:
+        gate, up = layout.split_gate_up(gate_up_proj)
+        ktm.load_weights_separate(gate, up, layout.down(down_proj), fingerprint=fingerprint)
+    else:
+        ktm.load_weights(gate_up_proj, down_proj, fingerprint=fingerprint)
+
+
+def sync_biases(ktm, layout: ExpertsLayout, gate_up_proj_bias: torch.Tensor, down_proj_bias: torch.Tensor) -> None:
+    """Hand the module's bias parameters to ``ktm`` when they are new or were changed in place."""
+    key = (id(gate_up_proj_bias), gate_up_proj_bias._version, id(down_proj_bias), down_proj_bias._version)
+    if ktm.__dict__.get("_bias_source") != key:
+        ktm.set_biases(layout.gate_up_bias(gate_up_proj_bias.detach()), down_proj_bias.detach())
+        ktm.__dict__["_bias_source"] = key
 
 
 def unsupported_reason(module: nn.Module) -> str | None:
@@ -131,32 +154,40 @@ def unsupported_reason(module: nn.Module) -> str | None:
     """
     cls = type(module)
     name = cls.__name__
-    if name in _KNOWN_REFUSALS:
-        return _KNOWN_REFUSALS[name]
+    gpt_oss = _is_gpt_oss(cls)
     gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(gu, torch.Tensor) or not isinstance(dn, torch.Tensor) or gu.dim() != 3 or dn.dim() != 3:
         return f"{name} has no 3-D gate_up_proj/down_proj parameters (per-expert modules, quantized or otherwise modified)"
-    E, two_i, H = gu.shape
-    if two_i % 2 or tuple(dn.shape) != (E, H, two_i // 2):
-        return (f"{name}: gate_up_proj {tuple(gu.shape)} / down_proj {tuple(dn.shape)} are not "
-                "[E, 2I, H] / [E, H, I] (transposed or differently fused experts)")
-    flags = {
-        "has_gate": True,
-        "is_concatenated": True,
-        "is_transposed": False,
-        "has_bias": False,
-        "has_post_expert_norm": False,
-    }
+    flags = {"has_gate": True, "has_post_expert_norm": False}
+    if not gpt_oss:  # the storage variants validated so far are gpt-oss's alone
+        flags.update(is_concatenated=True, is_transposed=False, has_bias=False)
     for flag, want in flags.items():
         if getattr(module, flag, want) != want:
             return f"{name}: {flag}={getattr(module, flag)!r}, KTMoE needs {want!r}"
-    if getattr(module, "gate_up_proj_bias", None) is not None or getattr(module, "down_proj_bias", None) is not None:
-        return f"{name} has expert biases"
-    if not _is_silu(getattr(module, "act_fn", None)):
-        return f"{name}: activation {type(getattr(module, 'act_fn', None)).__name__} is not SiLU"
-    apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
-    if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
-        return f"{name} overrides _apply_gate (custom gating)"
+    layout = layout_of(module)
+    E, H, I = layout.dims(gu)
+    shapes = layout.shapes(E, H, I)
+    if (gu.shape[2] if layout.transposed else gu.shape[1]) % 2:
+        return f"{name}: gate_up_proj {tuple(gu.shape)} has an odd gate/up dimension"
+    for pname, shape in shapes.items():
+        t = getattr(module, pname, None)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else None
+            return (f"{name}: {pname} is {got}, expected {shape} for its layout "
+                    f"(transposed={layout.transposed}, interleaved={layout.interleaved})")
+    if not layout.biases and (getattr(module, "gate_up_proj_bias", None) is not None
+                              or getattr(module, "down_proj_bias", None) is not None):
+        return f"{name} has expert biases but does not declare has_bias"
+    if gpt_oss:
+        alpha, limit = getattr(module, "alpha", None), getattr(module, "limit", None)
+        if not all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf") for v in (alpha, limit)) or limit <= 0:
+            return f"{name}: swiglu alpha={alpha!r} / limit={limit!r} are not finite numbers with limit > 0"
+    else:
+        if not _is_silu(getattr(module, "act_fn", None)):
+            return f"{name}: activation {type(getattr(module, 'act_fn', None)).__name__} is not SiLU"
+        apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
+        if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
+            return f"{name} overrides _apply_gate (custom gating)"
     if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
         return (
             f"{cls.__module__}.{name} has KTMoE's layout but is not one of the experts classes validated "
@@ -178,6 +209,11 @@ class KTMoEExperts(nn.Module):
 
     ``ktmoe`` is ``None`` while :func:`torch_ktmoe.hf.from_pretrained` is still
     streaming weights; calling it then raises.
+
+    ``layout`` is the replaced class's storage (:mod:`.experts_layout`). With biases
+    (gpt-oss) the adapter owns ``gate_up_proj_bias`` [E, 2I] / ``down_proj_bias`` [E, H]
+    as parameters under the replaced module's names, so checkpoints load into them and
+    ``state_dict`` writes them; they are handed to KTMoE (fp32) whenever they change.
     """
 
     def __init__(
@@ -190,8 +226,15 @@ class KTMoEExperts(nn.Module):
         top_k: int,
         layer_idx: int,
         replaced_class: str,
+        layout: ExpertsLayout = SILU_CONCATENATED,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__()
+        self.layout = layout
+        if layout.biases:
+            self.gate_up_proj_bias = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_dim, dtype=dtype),
+                                                  requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_dim, dtype=dtype), requires_grad=False)
         self.num_experts = num_experts
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
@@ -207,6 +250,8 @@ class KTMoEExperts(nn.Module):
     ) -> torch.Tensor:
         if self.ktmoe is None:
             raise RuntimeError(f"KTMoEExperts (layer {self.layer_idx}): expert weights were never loaded")
+        if self.layout.biases:
+            sync_biases(self.ktmoe, self.layout, self.gate_up_proj_bias, self.down_proj_bias)
         return self.ktmoe(hidden_states, top_k_index, top_k_weights)  # the op widens bf16/fp16 weights itself
 
     def extra_repr(self) -> str:
@@ -262,7 +307,7 @@ def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
     ktm = module.ktmoe
     if not _UNPACK["enabled"] or ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
         return
-    gate_up, down = dense_experts(ktm, module.dense_dtype)
+    gate_up, down = module.layout.join(*dense_experts(ktm, module.dense_dtype))
     state_dict[prefix + "gate_up_proj"] = gate_up
     state_dict[prefix + "down_proj"] = down
 
@@ -315,7 +360,7 @@ def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
     # the dense parameters were released after packing: state_dict / save_pretrained unpack them again
     packed = module.__dict__.get("_ktmoe_packed")
     if _UNPACK["enabled"] and packed is not None and module.gate_up_proj.numel() == 0:
-        gate_up, down = dense_experts(packed.ktmoe, module.gate_up_proj.dtype)
+        gate_up, down = layout_of(module).join(*dense_experts(packed.ktmoe, module.gate_up_proj.dtype))
         state_dict[prefix + "gate_up_proj"] = gate_up
         state_dict[prefix + "down_proj"] = down
 
@@ -331,8 +376,10 @@ def _pack_experts_module(module: nn.Module) -> nn.Module:
     keep_dense = opts.pop("keep_dense")
     if opts.get("mmap_experts_dir"):
         os.makedirs(opts["mmap_experts_dir"], exist_ok=True)
-    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS), **opts)
-    ktm.load_weights(module.gate_up_proj.detach(), module.down_proj.detach())
+    layout = layout_of(module)
+    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS),
+                       **layout.ktmoe_kwargs(), **opts)
+    pack_dense_experts(ktm, layout, module.gate_up_proj.detach(), module.down_proj.detach())
     # kept in __dict__, not as a submodule: not in state_dict(), not touched by .to()/save_pretrained
     module.__dict__["_ktmoe_packed"] = _Packed(ktm)
     if not keep_dense:  # the packed copy replaces the dense one; state_dict() unpacks on demand
@@ -362,7 +409,9 @@ def ktmoe_experts_forward(
     if packed is None and self.gate_up_proj.numel() == 0:
         raise RuntimeError(f"{type(self).__name__}: its dense experts were released and it has no packed copy")
     ktm = packed.ktmoe if packed is not None else _pack_experts_module(self)
-    return ktm(hidden_states, top_k_index, top_k_weights.to(torch.float32))
+    if getattr(self, "has_bias", False):  # the biases stay the module's own (small) parameters
+        sync_biases(ktm, layout_of(self), self.gate_up_proj_bias, self.down_proj_bias)
+    return ktm(hidden_states, top_k_index, top_k_weights)
 
 
 def register_experts_implementation(name: str = "ktmoe") -> None:
