@@ -14,15 +14,15 @@ import torch
 
 from ._native import _C
 
+__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
+
 WEIGHT_FORMATS = ("bf16", "int8", "int4")
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ACTIVATIONS = ("silu", "swiglu_oai")  # the gated activation between the projections
 
 
 class InferenceOnlyError(RuntimeError):
     """A backward pass reached a ktmoe op: the packed experts have no gradient."""
-
-
-ACTIVATIONS = ("silu", "swiglu_oai")
 
 
 def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -43,6 +43,18 @@ def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     """
     return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias, w2_bias,
                                        activation, swiglu_alpha, swiglu_limit)
+
+
+@torch.library.register_fake("ktmoe::moe_forward")
+def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
+                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+    torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
+    torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
+                 lambda: "hidden_states must be bfloat16, float16 or float32")
+    torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
+                 lambda: "topk_ids and topk_weights must be [T, k]")
+    torch._check(activation in ACTIVATIONS, lambda: f"activation must be one of {ACTIVATIONS}")
+    return hidden_states.new_empty(hidden_states.shape)
 
 
 def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str = "bf16", *,
@@ -73,23 +85,6 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     return w13, w2
 
 
-@torch.library.register_fake("ktmoe::moe_forward")
-def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
-                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
-    torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
-    torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
-                 lambda: "hidden_states must be bfloat16, float16 or float32")
-    torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
-                 lambda: "topk_ids and topk_weights must be [T, k]")
-    torch._check(activation in ACTIVATIONS, lambda: f"activation must be one of {ACTIVATIONS}")
-    return hidden_states.new_empty(hidden_states.shape)
-
-
-@torch.library.register_fake("ktmoe::pack_experts_out")
-def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
-    return None
-
-
 @torch.library.register_fake("ktmoe::pack_experts")
 def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
     experts, hidden = gate_up.shape[0], gate_up.shape[2]
@@ -98,6 +93,11 @@ def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
     b2 = _C.packed_matrix_bytes(weight_format, "down", hidden, inter, group_size)
     return (gate_up.new_empty((experts, b13), dtype=torch.uint8),
             gate_up.new_empty((experts, b2), dtype=torch.uint8))
+
+
+@torch.library.register_fake("ktmoe::pack_experts_out")
+def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
+    return None
 
 
 def _inference_only(op: str):
