@@ -67,6 +67,11 @@ def time_calls(fn, routes, reps, start):
     return times
 
 
+def threads_for(tokens, args):
+    """The thread counts of a point: --threads-big above T=32 when given, else --threads."""
+    return args.threads_big if tokens > 32 and args.threads_big else args.threads
+
+
 def reps_per_round(tokens, args):
     return args.reps if tokens <= 32 else max(2, args.reps // 5)
 
@@ -81,11 +86,11 @@ def bench_shape(name, args, llama_ok, results):
     gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
     down = (torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5).to(torch.bfloat16)
     roofs = {}
-    for th in args.threads:
+    for th in sorted({th for t in args.tokens for th in threads_for(t, args)}):
         torch.set_num_threads(th)
         roofs[th] = {"read_GBps": read_roof_gbps(th), "compute_GFLOPs": compute_roof_gflops(th),
                      "matmul_GFLOPs": {t: matmul_roof_gflops(t, top_k, hidden, inter, args.reps)
-                                       for t in args.tokens if t >= 32}}
+                                       for t in args.tokens if t >= 32 and th in threads_for(t, args)}}
         print(f"[{name}] {th} thread(s): read roof {roofs[th]['read_GBps']:.1f} GB/s (measured again in every "
               f"round of every point), compute roof {roofs[th]['compute_GFLOPs']:.0f} GFLOP/s, bf16 torch.matmul "
               + ", ".join(f"T={t}: {v:.0f} GFLOP/s" for t, v in roofs[th]["matmul_GFLOPs"].items()), flush=True)
@@ -99,7 +104,7 @@ def bench_shape(name, args, llama_ok, results):
                 x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
                 ours_fn = lambda ids, w: torch.ops.ktmoe.moe_forward(x, ids, w, w13, w2)  # noqa: E731
                 distinct = distinct_experts(routes[t])
-                for th in args.threads:
+                for th in threads_for(t, args):
                     torch.set_num_threads(th)
                     row = bench_point(name, fmt, t, th, args, ours_fn, routes[t], llama)
                     row.update(weight_GBps=distinct * per_expert / row["ms"] / 1e6,
@@ -236,6 +241,7 @@ def main(argv=None):
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--tokens", default="1,4,32,512,2048")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads-big", default="", help="thread counts for T > 32 (default: --threads)")
     ap.add_argument("--reps", type=int, default=20, help="calls per round at T <= 32 (a fifth above)")
     ap.add_argument("--rounds", type=int, default=5, help="alternation rounds (ours, llama.cpp) per point")
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip kt-kernel and transformers")
@@ -249,6 +255,7 @@ def main(argv=None):
     args.formats = args.formats.split(",")
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
+    args.threads_big = [int(t) for t in args.threads_big.split(",") if t]
     llama_ok, llama_detail = llama_peer.available() if args.llama else (False, "skipped (--no-llama)")
     load = os.getloadavg()
     print(f"torch_ktmoe {torch_ktmoe.__version__}, ISA {torch_ktmoe.active_isa()}, torch {torch.__version__}, "
