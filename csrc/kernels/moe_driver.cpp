@@ -35,7 +35,7 @@
 // fewer blocks runs their narrower, slower tiles. An expert with few rows (decode:
 // at most decode_rows(), 12 for kBF16 whose gemm has an L1-blocked path above 12
 // rows, kTokenTile for int formats) reads each weight once whatever the item size,
-// so its blocks are cut into small items (about kDecodeItemBytes of weights, at
+// so its blocks are cut into small items (about decode_item_bytes() of weights, at
 // least one group) that spread one expert over all threads. (128 KiB items made
 // bf16 decode items a single pair, 2 blocks: 66 % of the read roof against 84-88 %
 // with whole groups.) An expert with more rows (prefill) gets items of about
@@ -76,7 +76,15 @@ inline int64_t decode_rows(const PackedMatrixHeader* h) {
   return h->format == uint8_t(WeightFormat::kBF16) ? 12 : kTokenTile;
 }
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
-constexpr int64_t kDecodeItemBytes = 256 << 10;  // decode: weight bytes per item (see [NOTE])
+// decode: weight bytes per item (see [NOTE]); KTMOE_DECODE_ITEM_KB overrides it for tuning runs.
+int64_t decode_item_bytes() {
+  static const int64_t bytes = [] {
+    const char* env = std::getenv("KTMOE_DECODE_ITEM_KB");
+    const long long kb = env ? std::strtoll(env, nullptr, 10) : 0;
+    return kb > 0 ? int64_t(kb) << 10 : int64_t(256) << 10;
+  }();
+  return bytes;
+}
 constexpr int64_t kGroupBlocks = 4;  // blocks of one register group: every gemm micro-kernel's widest tile
 constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
 constexpr int64_t kCombineCols = 512;        // combine: fp32 accumulator columns on the stack
@@ -204,7 +212,7 @@ std::vector<Item> make_items(const std::vector<int64_t>& active, const std::vect
   for (int64_t e : active) {
     const int64_t rows = row_begin[e + 1] - row_begin[e];
     const bool prefill = rows > decode_rows;
-    const int64_t budget = prefill ? kPanelBytes : kDecodeItemBytes;
+    const int64_t budget = prefill ? kPanelBytes : decode_item_bytes();
     const int64_t per_item = std::max<int64_t>(align, std::min(units, budget / unit_bytes));
     const int64_t n_items = (units + per_item - 1) / per_item;
     int64_t prev = 0;
