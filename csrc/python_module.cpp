@@ -240,8 +240,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   "((E, B13), (E, B2)): the shapes pack_experts_out needs, after the same argument checks");
   m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
         py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
-  m.def("set_isa", &ktmoe::set_isa, py::arg("name"));
-  m.def("active_isa", [] { return std::string(ktmoe::active_isa().name); });
+  m.def("set_isa", &ktmoe::set_isa, py::arg("name"), "the ISA of every later op call of the process");
+  m.def("set_thread_isa", &ktmoe::set_thread_isa, py::arg("name"),
+        "the ISA of this thread's later op calls ('' : the process's); returns the thread's previous choice");
+  m.def("active_isa", [] { return std::string(ktmoe::active_isa().name); }, "the ISA of this thread's next op call");
   m.def("available_isas", &ktmoe::available_isas);
   m.def("default_isa", &ktmoe::default_isa);
   m.def("numa_node_count", &ktmoe::numa_node_count);
