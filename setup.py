@@ -5,7 +5,7 @@ Two kinds of sources:
   with g++, each with the flags of its ISA directory only: csrc/kernels/avx2/*
   get AVX2 flags, csrc/kernels/avx512/* AVX-512 flags, everything else none, so
   the extension imports on any x86-64 CPU and picks kernels at run time;
-* ATen glue (csrc/bindings.cpp, csrc/ops/*) is compiled by torch's
+* ATen glue (csrc/*.cpp: the op registrations and the Python module; csrc/ops/*) is compiled by torch's
   BuildExtension (ninja) and linked with the objects above.
 Objects are rebuilt only when a source or a header it includes changed.
 
@@ -117,7 +117,7 @@ class BuildExt(BuildExtension):
         super().build_extensions()
 
 
-aten_sources = [str(p.relative_to(ROOT)) for p in [CSRC / "bindings.cpp", *sorted((CSRC / "ops").glob("*.cpp"))]]
+aten_sources = [str(p.relative_to(ROOT)) for p in [*sorted(CSRC.glob("*.cpp")), *sorted((CSRC / "ops").glob("*.cpp"))]]
 
 setup(
     ext_modules=[

@@ -20,7 +20,8 @@ import time
 import torch
 
 import torch_ktmoe
-from torch_ktmoe import WeightArena, _C
+from benchmarks.roofs import read_seconds
+from torch_ktmoe import WeightArena
 from torch_ktmoe.memory import _smaps_rollup
 
 MiB = 1 << 20
@@ -39,8 +40,8 @@ def one_run(directory, hugepage, total, slice_bytes):
     t_write = time.perf_counter() - t0
     arena.writeback()
     r1 = torch_ktmoe.memory_report()
-    _C.stream_read_seconds(slices)  # warm
-    warm = min(_C.stream_read_seconds(slices) for _ in range(3))
+    read_seconds(slices, torch.get_num_threads())  # warm
+    warm = min(read_seconds(slices, torch.get_num_threads()) for _ in range(3))
     pmd = _smaps_rollup().get("FilePmdMapped", 0)
     row = {
         "alloc_ms": t_alloc * 1e3,

@@ -6,7 +6,7 @@ Builds one layer's cache file (int8, warm page cache), then loads it again and a
 alternating the levels (A/B), in this process: each load maps the file, checks every
 expert's packed header, and with "full" also the checksum of every data byte. Prints
 per level the median and min load time, the cache bytes, GB/s (bytes / time), and,
-measured in the same run, the read roof (streaming read with 512-bit loads) for scale.
+measured in the same run, the read roof (benchmarks/roofs.py: streaming read, widest loads) for scale.
 Writes benchmarks/results/bench_cache_verify.json.
 """
 import argparse
@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from torch_ktmoe import KTMoE, _C
+from benchmarks.roofs import read_roof_gbps
+from torch_ktmoe import KTMoE
 
 
 def main():
@@ -44,7 +45,7 @@ def main():
                 assert m.try_load_cached("bench"), m.cache_events
                 times[level].append(time.perf_counter() - t0)
                 del m
-        roof = _C.stream_read_gbps(1 << 30, 3) if _C.available_isas()[-1] == "avx512" else float("nan")
+        roof = read_roof_gbps(torch.get_num_threads(), 1 << 30, 3)
     rows = {}
     print(f"int8 layer E={E} H={H} I={I}: {nbytes / 2**20:.0f} MiB cache file, warm page cache, "
           f"{torch.get_num_threads()} threads, {args.repeats} loads per level (alternating)\n")

@@ -10,6 +10,8 @@
 // accumulators per thread so that enough loads stay in flight to reach the core's
 // share of DRAM bandwidth. Integer adds: no float assists on arbitrary bits.
 // A pass is timed from the moment every thread is running to the last one's end.
+// read_seconds(bufs, bytes, n, threads): one such pass (one stream per chunk) over n
+// buffers, e.g. the slices of a weight arena (benchmarks/bench_arena.py).
 //
 // compute_roof_gflops(threads, seconds): the peak rate of the instruction our bf16 gemm
 // multiplies with: vdpbf16ps (32 multiply-adds per instruction) on AVX-512 BF16 hosts,
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -163,21 +166,27 @@ extern "C" const char* read_roof_isa() {
 #endif
 }
 
-// One pass of `threads` threads over buf, S streams per chunk; returns GB/s.
+// One pass of `threads` threads over the buffers (bufs[i], bytes[i]), S streams per
+// 1 MiB chunk; returns the seconds from the moment every thread runs to the last one's end.
 template <int S>
-double read_pass(const uint8_t* base, int64_t bytes, int threads, std::atomic<uint64_t>& sink) {
+double read_pass(const void* const* bufs, const int64_t* bytes, int n, int threads, std::atomic<uint64_t>& sink) {
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  std::vector<std::pair<const uint8_t*, int64_t>> chunks;
+  for (int i = 0; i < n; ++i)
+    for (int64_t lo = 0; lo < bytes[i]; lo += kChunk)
+      chunks.emplace_back(static_cast<const uint8_t*>(bufs[i]) + lo, std::min(kChunk, bytes[i] - lo));
+  const int64_t count = int64_t(chunks.size());
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> pool;
-  constexpr int64_t kChunk = int64_t(1) << 20;
   std::atomic<int64_t> next{0};
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       uint64_t s = 0;
-      for (int64_t lo = next.fetch_add(kChunk); lo < bytes; lo = next.fetch_add(kChunk))
-        s += sum_streams<S>(base + lo, std::min(kChunk, bytes - lo));
+      for (int64_t c = next.fetch_add(1); c < count; c = next.fetch_add(1))
+        s += sum_streams<S>(chunks[c].first, chunks[c].second);
       sink.fetch_add(s, std::memory_order_relaxed);
     });
   }
@@ -185,15 +194,21 @@ double read_pass(const uint8_t* base, int64_t bytes, int threads, std::atomic<ui
   const auto t0 = std::chrono::steady_clock::now();
   go.store(true, std::memory_order_release);
   for (auto& th : pool) th.join();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return double(bytes) / s / 1e9;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 extern "C" double read_roof_gbps(const void* buf, int64_t bytes, int threads, int repeats) {
-  const uint8_t* base = static_cast<const uint8_t*>(buf);
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
   for (int r = 0; r < repeats; ++r)
-    best = std::max({best, read_pass<1>(base, bytes, threads, sink), read_pass<4>(base, bytes, threads, sink)});
+    best = std::max({best, double(bytes) / read_pass<1>(&buf, &bytes, 1, threads, sink) / 1e9,
+                     double(bytes) / read_pass<4>(&buf, &bytes, 1, threads, sink) / 1e9});
   return sink.load() == 0x5eed ? -best : best;  // keeps the sums observable
+}
+
+// Seconds of one streaming read (one stream per chunk) of n buffers, e.g. the slices of an arena.
+extern "C" double read_seconds(const void* const* bufs, const int64_t* bytes, int n, int threads) {
+  std::atomic<uint64_t> sink{0};
+  const double s = read_pass<1>(bufs, bytes, n, threads, sink);
+  return sink.load() == 0x5eed ? -s : s;
 }

@@ -1,9 +1,10 @@
 """The roofs that benchmark ratios are taken against, measured in the same run on the same threads.
 
 * read roof: ``read_roof_gbps(threads)`` streams a buffer far larger than the L3 with the widest
-  loads of this CPU (benchmarks/read_roof/read_roof.cpp, compiled here on first use with
+  loads of this CPU (benchmarks/roof_probes.cpp, compiled here on first use with
   ``-march=native``: zmm loads on AVX-512 hosts, ymm loads on AVX2 hosts). ``torch.sum`` reaches
-  only part of it, so it is not used.
+  only part of it, so it is not used. ``read_seconds(tensors, threads)`` times one such read of
+  given tensors (e.g. the slices of an arena).
 * compute roof: ``compute_roof_gflops(threads)``, the peak of the instruction our bf16 gemm
   multiplies with (vdpbf16ps on AVX-512 BF16, 256-bit fp32 FMA on AVX2), from the same file; and
   ``matmul_roof_gflops``, a dense bf16 ``torch.matmul`` of the layer's FLOPs (what torch reaches).
@@ -31,6 +32,9 @@ def _probes():
     lib = ctypes.CDLL(_LIB)
     lib.read_roof_gbps.restype = ctypes.c_double
     lib.read_roof_gbps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.read_seconds.restype = ctypes.c_double
+    lib.read_seconds.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                                 ctypes.c_int]
     lib.read_roof_isa.restype = ctypes.c_char_p
     lib.compute_roof_gflops.restype = ctypes.c_double
     lib.compute_roof_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
@@ -50,6 +54,15 @@ def _buffer(nbytes: int) -> torch.Tensor:
 def read_roof_gbps(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> float:
     """Best-of-``repeats`` GB/s of a streaming read of ``nbytes`` on ``threads`` threads."""
     return _probes().read_roof_gbps(_buffer(nbytes).data_ptr(), nbytes, threads, repeats)
+
+
+def read_seconds(tensors, threads: int) -> float:
+    """Seconds of one streaming read of every byte of ``tensors`` (contiguous, CPU) on ``threads`` threads."""
+    assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors), "contiguous CPU tensors only"
+    n = len(tensors)
+    bufs = (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors])
+    sizes = (ctypes.c_int64 * n)(*[t.numel() * t.element_size() for t in tensors])
+    return _probes().read_seconds(bufs, sizes, n, threads)
 
 
 def compute_roof_instruction() -> str:

@@ -26,11 +26,9 @@ def _seed():
 
 @pytest.fixture(params=torch_ktmoe.available_isas())
 def isa(request):
-    """Runs the test once per ISA this CPU and build can run, restoring the default after."""
-    before = torch_ktmoe.active_isa()
-    torch_ktmoe.set_isa(request.param)
-    yield request.param
-    torch_ktmoe.set_isa(before)
+    """Runs the test once per ISA this CPU and build can run (this thread's calls only; the default is untouched)."""
+    with torch_ktmoe.isa_scope(request.param):
+        yield request.param
 
 
 def random_experts(experts, hidden, inter, dtype=torch.float32, seed=0):

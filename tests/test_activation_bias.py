@@ -55,9 +55,8 @@ def test_the_clamps_are_exercised_and_matter():
 def test_isa_paths_agree_with_generic(isa, fmt):
     x, ids, w, gate_up, down, b13, b2 = problem(8, 3, 160, 96, 40)
     out, (w13, w2) = forward(fmt, x, ids, w, gate_up, down, b13, b2)
-    torch_ktmoe.set_isa("generic")
-    ref = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
-    torch_ktmoe.set_isa(isa)
+    with torch_ktmoe.isa_scope("generic"):
+        ref = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
     assert reference.relative_error(out, ref) <= 2e-3
 
 

@@ -53,9 +53,8 @@ def test_accuracy_against_fp32_experts(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_isa_paths_agree_with_generic(isa, fmt):
     out, (x, ids, w, _, _, w13, w2) = run(fmt, 8, 3, 160, 96, 40)
-    torch_ktmoe.set_isa("generic")
-    ref = ops.moe_forward(x, ids, w, w13, w2)
-    torch_ktmoe.set_isa(isa)
+    with torch_ktmoe.isa_scope("generic"):
+        ref = ops.moe_forward(x, ids, w, w13, w2)
     assert reference.relative_error(out, ref) <= 2e-3
 
 

@@ -9,11 +9,11 @@
 from ._native import _C
 from . import ops  # noqa: F401  (registers the fake kernels)
 from .arena import ArenaFallbackWarning, WeightArena
-from .isa import active_isa, available_isas, set_isa
+from .isa import active_isa, available_isas, isa_scope, set_isa
 from .layer import KTMoE
 from .memory import memory_report
 
 __version__ = "0.1.0"
 
-__all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "set_isa", "active_isa", "available_isas",
-           "__version__"]
+__all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "set_isa", "isa_scope", "active_isa",
+           "available_isas", "__version__"]

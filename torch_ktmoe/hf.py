@@ -529,6 +529,127 @@ def _config_without_mxfp4(path: str, hf_kwargs: dict):
     return config
 
 
+def _transformers_kwargs(pretrained_model_name_or_path, dtype, hf_kwargs: dict) -> tuple[str, dict]:
+    """Config handling: the local checkpoint directory and the keyword arguments of transformers'
+    ``from_pretrained`` (``dtype``; an MXFP4 checkpoint's config without its quantization_config)."""
+    hf_kwargs = dict(hf_kwargs)
+    if dtype is not None:
+        hf_kwargs["dtype"] = dtype
+    if hf_kwargs.get("quantization_config") is not None:
+        raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
+    path = _resolve_dir(pretrained_model_name_or_path)
+    if "config" not in hf_kwargs:
+        config = _config_without_mxfp4(path, hf_kwargs)
+        if config is not None:
+            hf_kwargs["config"] = config
+    return path, hf_kwargs
+
+
+def _packed_dir_layers(path: str, **fixed) -> dict | None:
+    """A packed model directory's layers by module name (None for a checkpoint). Such a directory
+    fixes the options in ``fixed`` (weight_format, mmap_experts_dir, cache): giving one is an error."""
+    if not hf_packed.is_packed_dir(path):
+        return None
+    given = [k for k, v in fixed.items() if v is not None]
+    if given:
+        raise hf_packed.PackedDirError(
+            f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {hf_packed.MANIFEST})"
+        )
+    manifest = hf_packed.read_manifest(path)
+    return {"manifest": manifest, "by_module": {e["module"]: e for e in manifest["layers"]}}
+
+
+class _EmptyExpertsSwap:
+    """The before/after hooks of from_pretrained's transformers load.
+
+    ``before(model)``, on the model built on the meta device: every supported experts block becomes
+    an empty :class:`KTMoEExperts` (``entries``: block, E, H, I, adapter), so transformers never
+    materializes a dense expert; unsupported ones are refused (``strict``) or listed in ``refused``.
+    ``after(model, info)``: the checkpoint's dense expert keys, skipped on purpose, are not
+    reported as unexpected."""
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.entries: list = []
+        self.refused: list[RefusedBlock] = []
+
+    def before(self, model) -> None:
+        if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+            raise ValueError(
+                f"{type(model).__name__}: quantized checkpoints (config.quantization_config) are not supported; "
+                "dequantize the checkpoint to bf16 first"
+            )
+        blocks, refused = find_experts_blocks(model)
+        if refused and self.strict:
+            raise _refusal_error(model, refused)
+        if not blocks and not refused:
+            raise ValueError(f"{type(model).__name__}: no Mixture-of-Experts experts block found")
+        entries = []
+        for b in blocks:
+            E, H, I = experts_dims(b.module)
+            adapter = _adapter_for(b, None)
+            _set_submodule(model, b.name, adapter)
+            entries.append((b, E, H, I, adapter))
+            b.module = None
+        self.entries, self.refused = entries, refused
+
+    def after(self, model, info) -> None:
+        unexpected = getattr(info, "unexpected_keys", None)
+        if not unexpected:
+            return
+        prefixes = set()
+        for b, *_ in self.entries:
+            prefixes.update(p + "." for p in _candidate_prefixes(b.name, model.base_model_prefix))
+        for k in list(unexpected):
+            if any(k.startswith(p) for p in prefixes):
+                unexpected.discard(k)
+
+
+def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool):
+    """transformers' own ``from_pretrained`` with the experts blocks swapped for empty adapters
+    before any weight loads; returns (model, the swap with its entries)."""
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        model_class = AutoModelForCausalLM
+    swap = _EmptyExpertsSwap(strict)
+    with _before_and_after_weight_loading(swap.before, swap.after) as fired:
+        model = model_class.from_pretrained(path, **hf_kwargs)
+    if not fired:
+        raise RuntimeError(
+            "torch_ktmoe.hf.from_pretrained: transformers did not call PreTrainedModel._load_pretrained_model; "
+            "this transformers version is not supported by the streaming loader (use patch_model)"
+        )
+    return model, swap
+
+
+def _stream_experts(model, path: str, entries, weight_format: str, mmap_experts_dir, ktmoe_kwargs: dict,
+                    report: PatchReport, progress: bool) -> None:
+    """Streaming: per experts block, a KTMoE that maps its valid cache files or is filled expert by
+    expert from the safetensors shards (in the model's dtype if fp32/bf16, else fp32)."""
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
+    source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
+    ckpt = _Checkpoint(path)
+    try:
+        if progress:
+            from tqdm.auto import tqdm
+
+            entries = tqdm(entries, desc="ktmoe: streaming experts", unit="layer")
+        with torch.no_grad():
+            for b, E, H, I, adapter in entries:
+                ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs,
+                                  adapter.layout)
+                fingerprint = layer_fingerprint(source, b.name)
+                if not ktm.try_load_cached(fingerprint):
+                    _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix, fingerprint,
+                                  adapter.layout)
+                adapter.ktmoe = ktm
+                _account(report, b, ktm, 0)
+    finally:
+        ckpt.close()
+
+
 def from_pretrained(
     pretrained_model_name_or_path,
     *,
@@ -563,105 +684,21 @@ def from_pretrained(
     directory's files, never packed; its format, group size and NUMA parts come from the
     manifest, so ``weight_format``, ``mmap_experts_dir`` and ``cache`` must not be given.
     """
-    if model_class is None:
-        from transformers import AutoModelForCausalLM
-
-        model_class = AutoModelForCausalLM
-    if dtype is None:
-        dtype = torch_dtype
-    if dtype is not None:
-        hf_kwargs["dtype"] = dtype
-    if hf_kwargs.get("quantization_config") is not None:
-        raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
-    path = _resolve_dir(pretrained_model_name_or_path)
-    if "config" not in hf_kwargs:
-        config = _config_without_mxfp4(path, hf_kwargs)
-        if config is not None:
-            hf_kwargs["config"] = config
+    path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
+                                           hf_kwargs)
+    packed = _packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, cache=cache)
     ktmoe_kwargs = dict(ktmoe_kwargs or {})
-    packed = hf_packed.is_packed_dir(path)
-    if packed:
-        given = {"weight_format": weight_format, "mmap_experts_dir": mmap_experts_dir, "cache": cache}
-        given = [k for k, v in given.items() if v is not None]
-        if given:
-            raise hf_packed.PackedDirError(
-                f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {hf_packed.MANIFEST})"
-            )
-        manifest = hf_packed.read_manifest(path)
-        by_module = {e["module"]: e for e in manifest["layers"]}
-    weight_format = weight_format or "bf16"
     if cache is not None:
         ktmoe_kwargs["cache"] = cache
-    state: dict = {}
-
-    def before(model):
-        if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
-            raise ValueError(
-                f"{type(model).__name__}: quantized checkpoints (config.quantization_config) are not supported; "
-                "dequantize the checkpoint to bf16 first"
-            )
-        blocks, refused = find_experts_blocks(model)
-        if refused and strict:
-            raise _refusal_error(model, refused)
-        if not blocks and not refused:
-            raise ValueError(f"{type(model).__name__}: no Mixture-of-Experts experts block found")
-        entries = []
-        for b in blocks:
-            E, H, I = experts_dims(b.module)
-            adapter = _adapter_for(b, None)
-            _set_submodule(model, b.name, adapter)
-            entries.append((b, E, H, I, adapter))
-            b.module = None
-        state["entries"], state["refused"] = entries, refused
-
-    def after(model, info):
-        # the dense expert keys of the checkpoint were not loaded on purpose: not "unexpected"
-        unexpected = getattr(info, "unexpected_keys", None)
-        if not unexpected:
-            return
-        prefixes = set()
-        for b, *_ in state["entries"]:
-            prefixes.update(p + "." for p in _candidate_prefixes(b.name, model.base_model_prefix))
-        for k in list(unexpected):
-            if any(k.startswith(p) for p in prefixes):
-                unexpected.discard(k)
-
-    with _before_and_after_weight_loading(before, after) as fired:
-        model = model_class.from_pretrained(path, **hf_kwargs)
-    if not fired:
-        raise RuntimeError(
-            "torch_ktmoe.hf.from_pretrained: transformers did not call PreTrainedModel._load_pretrained_model; "
-            "this transformers version is not supported by the streaming loader (use patch_model)"
-        )
-
-    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
-    report = PatchReport(refused=list(state["refused"]))
-    if packed:
-        _map_packed_layers(path, manifest, by_module, state["entries"], ktmoe_kwargs, report)
+    model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
+    report = PatchReport(refused=list(swap.refused))
+    if packed is not None:
+        _map_packed_layers(path, packed["manifest"], packed["by_module"], swap.entries, ktmoe_kwargs, report)
         model.ktmoe_report = report
         _mark_config(model)
         return model
-    source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
-    ckpt = _Checkpoint(path)
-    try:
-        entries = state["entries"]
-        if progress:
-            from tqdm.auto import tqdm
-
-            entries = tqdm(entries, desc="ktmoe: streaming experts", unit="layer")
-        with torch.no_grad():
-            for b, E, H, I, adapter in entries:
-                ktm = _make_ktmoe(E, adapter.top_k, H, I, b.layer_idx, weight_format, mmap_experts_dir, ktmoe_kwargs,
-                                  adapter.layout)
-                fingerprint = layer_fingerprint(source, b.name)
-                if not ktm.try_load_cached(fingerprint):
-                    _stream_block(ckpt, b, E, H, I, ktm, stream_dtype, model.base_model_prefix, fingerprint,
-                                  adapter.layout)
-                adapter.ktmoe = ktm
-                _account(report, b, ktm, 0)
-    finally:
-        ckpt.close()
+    _stream_experts(model, path, swap.entries, weight_format or "bf16", mmap_experts_dir, ktmoe_kwargs, report,
+                    progress)
     if not report.refused:
         _mark_config(model)
     release_free_heap()  # the dense staging buffers of the stream, back to the OS

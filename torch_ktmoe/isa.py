@@ -1,18 +1,35 @@
 """ISA selection of the kernels: ``auto`` picks the best the CPU runs.
 
 The environment variable ``KTMOE_ISA=generic|avx2|avx512`` sets the initial
-choice; :func:`set_isa` changes it at run time. Asking for an ISA the CPU lacks
-raises a ``RuntimeError`` listing what is available.
+choice; :func:`set_isa` changes it at run time for the whole process;
+:func:`isa_scope` chooses one for the calls of the current thread only. Asking
+for an ISA the CPU lacks raises a ``RuntimeError`` listing what is available.
 """
+import contextlib
+
 from ._native import _C
 
 
 def set_isa(name: str) -> None:
-    """Use ``generic``, ``avx2``, ``avx512`` or ``auto`` for every later op call."""
+    """Use ``generic``, ``avx2``, ``avx512`` or ``auto`` for every later op call of the process."""
     _C.set_isa(name)
 
 
+@contextlib.contextmanager
+def isa_scope(name: str):
+    """Run the op calls of this thread inside the ``with`` block on ISA ``name``.
+
+    Other threads and the process default (:func:`set_isa`) are untouched; scopes nest,
+    and the thread's previous choice is restored on exit (also on an exception)."""
+    previous = _C.set_thread_isa(name)
+    try:
+        yield name
+    finally:
+        _C.set_thread_isa(previous)
+
+
 def active_isa() -> str:
+    """The ISA the next op call of this thread runs on."""
     return _C.active_isa()
 
 

@@ -88,8 +88,4 @@ const IsaKernels& generic_kernels();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx512_kernels();
 
-// Stream-read bandwidth probe (the read roof of benchmarks): sums `bytes` bytes
-// of `buf` with the widest loads of the ISA; returns the sum so it is not elided.
-float stream_read_avx512(const void* buf, int64_t bytes);
-
 }  // namespace ktmoe

@@ -9,27 +9,19 @@
 // (bf16 rows, or int8 rows + scale + sums per header.group), so w13 and w2 may
 // even use different formats.
 //
-// Routing (serial, O(T·k)): the valid (t, j) pairs are grouped by expert, in
-// (t, j) order inside an expert; pair (t, j) gets a "row" r, and rows of expert
-// e are the contiguous range [row_begin[e], row_begin[e+1]). ids < 0 are skipped.
+// moe_forward() runs these phases in order, each a function with its own [NOTE]
+// below (shapes, scratch layout, work items):
+//   route()                 ids -> rows grouped by expert (serial)
+//   carve_scratch()         the call's buffers, in one block
+//   prepare_activations()   1. x -> w13's activation rows, per token, then per row
+//   gate_up_items()         2. rows x w13 -> act(gate, up) = h, fp32
+//   prepare_hidden_rows()      h -> w2's activation rows
+//   down_items()            3. rows x w2 -> y, one fp32 slot per pair
+//   combine()               4. out[t] = Σ_j w[t,j] · y[row(t,j)], in out's dtype
+// Each parallel phase is one parallel_for over independent items that write
+// disjoint outputs, so the result has the same bits for any thread count and
+// partition.
 //
-// Phases, each one parallel_for over independent items that write disjoint
-// outputs, so the result has the same bits for any thread count and partition:
-//   1. prep:     x[t] -> activation row of token t (once per token, zero padded);
-//                x is fp32, bf16 or fp16; what the format's row builder does not
-//                take directly (fp16 always, bf16 for int formats) is widened to
-//                fp32 in a staging buffer first, in the same parallel loop;
-//      gather:   token rows -> rows r (contiguous per expert: gemm's M rows).
-//   2. gate/up:  item = (expert, range of block pairs); for every token tile of
-//                the expert: gemm on blocks [2j0, 2j1) (gate/up interleaved) into
-//                a stack tile, then per pair: + gate/up bias (if any), then the
-//                activation (silu_mul or swiglu_oai) -> h[r][16j .. 16j+15] (fp32).
-//      h rows:   h[r] -> bf16 / int8 rows for w2 (int8 needs the whole row's max,
-//                hence after all gate/up items).
-//   3. down:     item = (expert, range of blocks of w2) -> y[r] (fp32, one slot per
-//                pair), written by gemm directly, + the down bias (if any).
-//   4. combine:  out[t] = Σ_j w[t,j] · y[row(t,j)], j in order, fp32 -> out dtype
-//                (x's dtype; bf16 / fp16 rounded to nearest even).
 // Item sizes. Items are cut at whole register groups (kGroupBlocks = 4 blocks,
 // 2 gate/up pairs): the micro-kernels stream 4 blocks side by side, and an item of
 // fewer blocks runs their narrower, slower tiles. An expert with few rows (decode:
@@ -46,7 +38,7 @@
 // bf16 activation rows have a stride of kp + 32 elements so that rows are never
 // a multiple of 4 KiB apart (L1 set aliasing; the gemm then reads them in place).
 //
-// Scratch: one 64-byte-aligned block per call, carved into the buffers below; it
+// Scratch: one 64-byte-aligned block per call, carved into buffers (carve_scratch); it
 // is owned by the calling thread and kept (grow-only) for the next call, so a
 // steady stream of forwards does not page-fault fresh memory every time. A block
 // above retain_bytes() (512 MiB, or KTMOE_SCRATCH_RETAIN_MB) is freed after the
@@ -256,76 +248,129 @@ inline void gated_activation(const IsaKernels& isa, const Activation& act, const
   else isa.swiglu_oai(g, g + 16, h, 16, act.alpha, act.limit);
 }
 
-}  // namespace
+// ---------------------------------------------------------------- routing
+// [NOTE] Routing, serial, O(T·k): the valid pairs (t, j) (ids[t, j] >= 0) grouped by
+// expert, in (t, j) order inside an expert. Pair (t, j) gets row r; the rows of
+// expert e are [row_begin[e], row_begin[e+1]), P = row_begin[E] rows in all.
+//   row_begin    [E + 1]  prefix sums of the experts' row counts
+//   active       [<= E]   experts with at least one row, ascending
+//   row_of_pair  [T·k]    row of pair t·k + j, -1 for a skipped id
+//   token_of_row [P]      token t of row r
+struct Routing {
+  std::vector<int64_t> row_begin, active, row_of_pair, token_of_row;
+  int64_t rows() const { return row_begin.back(); }  // P
+};
 
-void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for) {
-  const int64_t T = p.tokens, H = p.hidden, K = p.top_k, E = p.num_experts;
-  if (T <= 0) return;
-
-  // ---- routing -------------------------------------------------------------
-  std::vector<int64_t> row_begin(size_t(E) + 1, 0);
+Routing route(const MoeProblem& p) {
+  const int64_t T = p.tokens, K = p.top_k, E = p.num_experts;
+  Routing rt;
+  rt.row_begin.assign(size_t(E) + 1, 0);
   for (int64_t i = 0; i < T * K; ++i) {
     const int64_t e = p.ids[i];
     if (e < 0) continue;
     if (e >= E)
       throw std::out_of_range("moe_forward: expert id " + std::to_string(e) + " >= num_experts " +
                               std::to_string(E));
-    ++row_begin[e + 1];
+    ++rt.row_begin[e + 1];
   }
-  std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e) {
-    if (row_begin[e + 1] > 0) active.push_back(e);
-    row_begin[e + 1] += row_begin[e];
+    if (rt.row_begin[e + 1] > 0) rt.active.push_back(e);
+    rt.row_begin[e + 1] += rt.row_begin[e];
   }
-  const int64_t P = row_begin[E];
-  std::vector<int64_t> row_of_pair(static_cast<size_t>(T * K), -1);
-  std::vector<int64_t> token_of_row(static_cast<size_t>(P));
-  {
-    std::vector<int64_t> cursor(row_begin.begin(), row_begin.end() - 1);
-    for (int64_t i = 0; i < T * K; ++i) {
-      const int64_t e = p.ids[i];
-      if (e < 0) continue;
-      row_of_pair[i] = cursor[e];
-      token_of_row[cursor[e]++] = i / K;
-    }
+  rt.row_of_pair.assign(static_cast<size_t>(T * K), -1);
+  rt.token_of_row.resize(static_cast<size_t>(rt.rows()));
+  std::vector<int64_t> cursor(rt.row_begin.begin(), rt.row_begin.end() - 1);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int64_t e = p.ids[i];
+    if (e < 0) continue;
+    rt.row_of_pair[i] = cursor[e];
+    rt.token_of_row[cursor[e]++] = i / K;
   }
+  return rt;
+}
 
-  if (P == 0) {  // every id masked: out = 0 (w13 / w2 are not even looked at)
-    std::memset(p.out, 0, size_t(T) * H * (p.x_dtype == ActDtype::kF32 ? 4 : 2));
-    return;
-  }
+// ---------------------------------------------------------------- shapes and scratch
+// [NOTE] Shapes come from expert 0's packed headers (all experts of a layer share
+// them): w13 is kGateUp, n = 2I, k = H, np = 2·ip (ip = round_up(I, 16)), so
+// `pairs` = ip / 16 interleaved (gate block, up block) pairs; w2 is kDown, n = H,
+// k = I, np2 = round_up(H, 16).
+//
+// Scratch: one 64-byte-aligned block per call (Layout below), each buffer
+// 64-byte aligned, in this order:
+//   stage  [T, H]      fp32  x widened first (only if stage_x: fp16 x, or bf16 x
+//                            with an int w13; the row builders read fp32 or bf16)
+//   h      [P, ip]     fp32  act(gate, up) per row (padding columns stay 0 by act(0, 0) = 0)
+//   y      [P, np2]    fp32  down's output per row (pair)
+//   x_rows [T]  w13's activation rows (ActRows) per token
+//   g_rows [P]  the same, gathered per row (expert-contiguous: gemm's M rows)
+//   h_rows [P]  h in w2's activation format
+// ActRows in kBF16: bf16 [rows, kp + 32]; in kINT8 / kINT4: int8 [rows, kp] +
+// scale fp32 [rows] + group sums int32 [rows, kp / group].
+struct Shapes {
+  const PackedMatrixHeader* h13;
+  const PackedMatrixHeader* h2;
+  int64_t inter;   // I
+  int64_t pairs;   // ip / 16 block pairs of w13
+  int64_t ldh;     // ip: row stride of h
+  int64_t ldy;     // np2 = round_up(H, 16): row stride of y
+  bool stage_x;    // x rows are widened to fp32 before the row builder
+};
 
-  // ---- shapes from the packed headers ----------------------------------------
-  const PackedMatrixHeader* h13 = header_at(p.w13, p.w13_stride, 0);
-  const PackedMatrixHeader* h2 = header_at(p.w2, p.w2_stride, 0);
-  const int64_t inter = h13->n / 2;     // I
-  const int64_t pairs = h13->np / 32;   // ip / 16 block pairs of w13
-  const int64_t ldh = 16 * pairs;       // ip
-  const int64_t ldy = h2->np;           // round_up(H, 16)
-  const ActDtype xd = p.x_dtype;
-  // x rows the format's row builder cannot take directly are widened to fp32 first.
-  const bool stage_x = xd == ActDtype::kF16 || (xd == ActDtype::kBF16 && h13->format != uint8_t(WeightFormat::kBF16));
+Shapes shapes_of(const MoeProblem& p) {
+  Shapes sh;
+  sh.h13 = header_at(p.w13, p.w13_stride, 0);
+  sh.h2 = header_at(p.w2, p.w2_stride, 0);
+  sh.inter = sh.h13->n / 2;
+  sh.pairs = sh.h13->np / 32;
+  sh.ldh = 16 * sh.pairs;
+  sh.ldy = sh.h2->np;
+  sh.stage_x = p.x_dtype == ActDtype::kF16 ||
+               (p.x_dtype == ActDtype::kBF16 && sh.h13->format != uint8_t(WeightFormat::kBF16));
+  return sh;
+}
 
-  // ---- scratch ---------------------------------------------------------------
+struct Buffers {
+  float* stage;
+  float* h;
+  float* y;
+  ActRows x_rows, g_rows, h_rows;
+  size_t bytes;  // of the whole block
+};
+
+// Carves the buffers of the [NOTE] above out of `scratch` (grown if needed).
+Buffers carve_scratch(const MoeProblem& p, const Shapes& sh, int64_t P, Scratch& scratch) {
+  const int64_t T = p.tokens, H = p.hidden;
   Layout layout;
-  const size_t off_stage = layout.take(stage_x ? size_t(T) * H * 4 : 0);  // x as fp32
-  const size_t off_h = layout.take(size_t(P) * ldh * 4);                  // h fp32 [P, ip]
-  const size_t off_y = layout.take(size_t(P) * ldy * 4);                  // y fp32 [P, np2]
-  ActRows xa(h13, T, layout);  // x per token, w13's format
-  ActRows ga(h13, P, layout);  // x per row (gathered by expert)
-  ActRows ha(h2, P, layout);   // h per row, w2's format
-  static thread_local Scratch scratch;
+  const size_t off_stage = layout.take(sh.stage_x ? size_t(T) * H * 4 : 0);
+  const size_t off_h = layout.take(size_t(P) * sh.ldh * 4);
+  const size_t off_y = layout.take(size_t(P) * sh.ldy * 4);
+  Buffers b{nullptr, nullptr, nullptr, ActRows(sh.h13, T, layout), ActRows(sh.h13, P, layout),
+            ActRows(sh.h2, P, layout), 0};
+  b.bytes = layout.size;
   uint8_t* base = scratch.get(layout.size);
-  float* stage = reinterpret_cast<float*>(base + off_stage);
-  float* hbuf = reinterpret_cast<float*>(base + off_h);
-  float* ybuf = reinterpret_cast<float*>(base + off_y);
-  xa.bind(base);
-  ga.bind(base);
-  ha.bind(base);
+  b.stage = reinterpret_cast<float*>(base + off_stage);
+  b.h = reinterpret_cast<float*>(base + off_h);
+  b.y = reinterpret_cast<float*>(base + off_y);
+  b.x_rows.bind(base);
+  b.g_rows.bind(base);
+  b.h_rows.bind(base);
+  return b;
+}
 
-  // ---- 1. prep once per token, then gather per row -----------------------------
+// ---------------------------------------------------------------- 1. activation prep
+// [NOTE] x [T, H] (fp32, bf16 or fp16) -> x_rows [T] in w13's format, once per
+// token, zero padded to kp; then x_rows -> g_rows [P] (row r = token_of_row[r]).
+// What the format's row builder does not take directly (fp16 always, bf16 for
+// the int formats) is widened into stage [T, H] fp32 first, in the same loop.
+// Items: token ranges (grain 16), then row ranges (grain 64); disjoint outputs.
+void prepare_activations(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for,
+                         const Routing& rt, bool stage_x, const Buffers& b) {
+  const int64_t T = p.tokens, H = p.hidden;
+  const ActDtype xd = p.x_dtype;
   const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
   const float* x32 = static_cast<const float*>(p.x);
+  float* stage = b.stage;
+  const ActRows& xa = b.x_rows;
   parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
     const float* src = x32;
     if (stage_x) {
@@ -345,39 +390,65 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
                         xa.scale + t0, xa.gsum + t0 * xa.ngroups, xa.ngroups);
     }
   });
-  parallel_for(P, 64, [&](int64_t r0, int64_t r1) {
+  const ActRows& ga = b.g_rows;
+  const int64_t* token_of_row = rt.token_of_row.data();
+  parallel_for(rt.rows(), 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) ga.copy_row_from(xa, token_of_row[r], r);
   });
+}
 
-  // ---- 2. gate/up + silu -> h, then h -> w2's activation format ------------------
+// ---------------------------------------------------------------- 2. gate/up items
+// [NOTE] h [P, ip] fp32 = act(g_rows · gate_eᵀ + bg_e, g_rows · up_eᵀ + bu_e), per expert e.
+// Item = (expert e, block pairs [u0, u1) of w13), cut by make_items. For every
+// tile of up to kTokenTile of e's rows and up to kMaxPairsPerCall pairs, one gemm
+// on blocks [2j0, 2j1) (gate/up interleaved) fills a stack tile
+// [m, 32·nj] fp32 (per pair: 16 gate columns, then 16 up); per pair the biases
+// are added (valid columns < I only) and the activation writes
+// h[r][16j, 16j + 16). Items write disjoint (row, column) ranges of h.
+void gate_up_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for,
+                   const Routing& rt, const Shapes& sh, const Buffers& b) {
+  const PackedMatrixHeader* h13 = sh.h13;
+  const int64_t inter = sh.inter, ldh = sh.ldh;
+  const int64_t* row_begin = rt.row_begin.data();
+  const ActRows& ga = b.g_rows;
+  float* hbuf = b.h;
   const int64_t pair_bytes = 2 * block_data_bytes(WeightFormat(h13->format), h13->kp);
-  const std::vector<Item> items13 = make_items(active, row_begin, pairs, pair_bytes, kGroupBlocks / 2, decode_rows(h13));
-  for_each_item(parallel_for, int64_t(items13.size()), [&](int64_t it) {
+  const std::vector<Item> items = make_items(rt.active, rt.row_begin, sh.pairs, pair_bytes, kGroupBlocks / 2,
+                                             decode_rows(h13));
+  for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
     alignas(64) float tile[kTokenTile * kMaxPairsPerCall * 32];
-    {
-      const Item& item = items13[it];
-      const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
-      const float* bias13 = p.w13_bias ? p.w13_bias + item.e * 2 * inter : nullptr;  // [2I]
-      for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
-        const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
-        for (int64_t j0 = item.u0; j0 < item.u1; j0 += kMaxPairsPerCall) {
-          const int64_t nj = std::min(kMaxPairsPerCall, item.u1 - j0), ldc = 32 * nj;
-          gemm(isa, w, ga, r0, m, 2 * j0, 2 * (j0 + nj), tile, ldc);
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t jj = 0; jj < nj; ++jj) {
-              float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
-              const int64_t col = 16 * (j0 + jj);   // intermediate column of g[0]
-              if (bias13) {  // padding columns (>= I) stay 0: act(0, 0) = 0
-                const int64_t valid = std::min<int64_t>(16, inter - col);
-                add_bias(g, bias13 + col, valid);
-                add_bias(g + 16, bias13 + inter + col, valid);
-              }
-              gated_activation(isa, p.act, g, hbuf + (r0 + r) * ldh + col);
+    const Item& item = items[it];
+    const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
+    const float* bias13 = p.w13_bias ? p.w13_bias + item.e * 2 * inter : nullptr;  // [2I]
+    for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
+      const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
+      for (int64_t j0 = item.u0; j0 < item.u1; j0 += kMaxPairsPerCall) {
+        const int64_t nj = std::min(kMaxPairsPerCall, item.u1 - j0), ldc = 32 * nj;
+        gemm(isa, w, ga, r0, m, 2 * j0, 2 * (j0 + nj), tile, ldc);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t jj = 0; jj < nj; ++jj) {
+            float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
+            const int64_t col = 16 * (j0 + jj);   // intermediate column of g[0]
+            if (bias13) {  // padding columns (>= I) stay 0: act(0, 0) = 0
+              const int64_t valid = std::min<int64_t>(16, inter - col);
+              add_bias(g, bias13 + col, valid);
+              add_bias(g + 16, bias13 + inter + col, valid);
             }
-        }
+            gated_activation(isa, p.act, g, hbuf + (r0 + r) * ldh + col);
+          }
       }
     }
   });
+}
+
+// [NOTE] h [P, ip] fp32 -> h_rows [P] in w2's format (bf16 rows, or int8 rows +
+// scale + group sums over the I valid columns, zero padded to kp). After all
+// gate/up items: an int8 row needs its whole row's max. Items: row ranges (grain 16).
+void prepare_hidden_rows(const IsaKernels& isa, const ParallelFor& parallel_for, int64_t P, const Shapes& sh,
+                         const Buffers& b) {
+  const int64_t inter = sh.inter, ldh = sh.ldh;
+  const float* hbuf = b.h;
+  const ActRows& ha = b.h_rows;
   parallel_for(P, 16, [&](int64_t r0, int64_t r1) {
     if (ha.format == WeightFormat::kBF16) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -390,27 +461,50 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
                         ha.kp, ha.scale + r0, ha.gsum + r0 * ha.ngroups, ha.ngroups);
     }
   });
+}
 
-  // ---- 3. down -> one fp32 slot per pair -----------------------------------------
+// ---------------------------------------------------------------- 3. down items
+// [NOTE] y [P, np2] fp32 = h_rows · down_eᵀ (+ bd_e), one row (slot) per pair.
+// Item = (expert e, blocks [u0, u1) of w2), cut by make_items at whole register
+// groups; for every tile of up to kTokenTile of e's rows, gemm writes
+// y[r][16·u0, 16·u1) in place, then the bias is added to the columns < H.
+// Items write disjoint (row, column) ranges of y.
+void down_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for, const Routing& rt,
+                const Shapes& sh, const Buffers& b) {
+  const PackedMatrixHeader* h2 = sh.h2;
+  const int64_t H = p.hidden, ldy = sh.ldy;
+  const int64_t* row_begin = rt.row_begin.data();
+  const ActRows& ha = b.h_rows;
+  float* ybuf = b.y;
   const int64_t block_bytes2 = block_data_bytes(WeightFormat(h2->format), h2->kp);
-  const std::vector<Item> items2 = make_items(active, row_begin, h2->np / kBlockN, block_bytes2, kGroupBlocks, decode_rows(h2));
-  for_each_item(parallel_for, int64_t(items2.size()), [&](int64_t it) {
-    {
-      const Item& item = items2[it];
-      const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
-      for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
-        const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
-        float* y = ybuf + r0 * ldy + kBlockN * item.u0;
-        gemm(isa, w, ha, r0, m, item.u0, item.u1, y, ldy);
-        if (p.w2_bias) {
-          const int64_t cols = std::min(H, kBlockN * item.u1) - kBlockN * item.u0;
-          for (int64_t r = 0; r < m; ++r) add_bias(y + r * ldy, p.w2_bias + item.e * H + kBlockN * item.u0, cols);
-        }
+  const std::vector<Item> items = make_items(rt.active, rt.row_begin, h2->np / kBlockN, block_bytes2, kGroupBlocks,
+                                             decode_rows(h2));
+  for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
+    const Item& item = items[it];
+    const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
+    for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
+      const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
+      float* y = ybuf + r0 * ldy + kBlockN * item.u0;
+      gemm(isa, w, ha, r0, m, item.u0, item.u1, y, ldy);
+      if (p.w2_bias) {
+        const int64_t cols = std::min(H, kBlockN * item.u1) - kBlockN * item.u0;
+        for (int64_t r = 0; r < m; ++r) add_bias(y + r * ldy, p.w2_bias + item.e * H + kBlockN * item.u0, cols);
       }
     }
   });
+}
 
-  // ---- 4. combine: out[t] = Σ_j w[t,j] · y[row(t,j)], j in order ---------------
+// ---------------------------------------------------------------- 4. combine
+// [NOTE] out [T, H] = Σ_j weights[t, j] · y[row_of_pair[t, j]], j in order (the
+// same sum for any thread count), skipped pairs left out; accumulated in fp32 on
+// the stack, kCombineCols columns at a time, then written in x's dtype (bf16 /
+// fp16 rounded to nearest even). Items: token ranges (grain 8).
+void combine(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for, const Routing& rt,
+             const Shapes& sh, const Buffers& b) {
+  const int64_t T = p.tokens, H = p.hidden, K = p.top_k, ldy = sh.ldy;
+  const ActDtype xd = p.x_dtype;
+  const int64_t* row_of_pair = rt.row_of_pair.data();
+  const float* ybuf = b.y;
   parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
     alignas(64) float acc[kCombineCols];
     for (int64_t t = t0; t < t1; ++t) {
@@ -431,7 +525,26 @@ void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& 
       }
     }
   });
-  if (layout.size > retain_bytes()) scratch.release();
+}
+
+}  // namespace
+
+void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for) {
+  if (p.tokens <= 0) return;
+  const Routing rt = route(p);
+  if (rt.rows() == 0) {  // every id masked: out = 0 (w13 / w2 are not even looked at)
+    std::memset(p.out, 0, size_t(p.tokens) * p.hidden * (p.x_dtype == ActDtype::kF32 ? 4 : 2));
+    return;
+  }
+  const Shapes sh = shapes_of(p);
+  static thread_local Scratch scratch;
+  const Buffers b = carve_scratch(p, sh, rt.rows(), scratch);
+  prepare_activations(p, isa, parallel_for, rt, sh.stage_x, b);
+  gate_up_items(p, isa, parallel_for, rt, sh, b);
+  prepare_hidden_rows(isa, parallel_for, rt.rows(), sh, b);
+  down_items(p, isa, parallel_for, rt, sh, b);
+  combine(p, isa, parallel_for, rt, sh, b);
+  if (b.bytes > retain_bytes()) scratch.release();
 }
 
 }  // namespace ktmoe

@@ -1,4 +1,4 @@
-// ATen entry points of the ktmoe ops (registered in bindings.cpp).
+// ATen entry points of the ktmoe ops (registered in torch_bindings.cpp).
 #pragma once
 #include <ATen/ATen.h>
 

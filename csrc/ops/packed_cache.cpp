@@ -4,13 +4,13 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 
+#include "arena/cache_inspect.h"
 #include "kernels/pack.h"
 #include "kernels/packed_header_check.h"
 #include "ops/arena_tensor.h"
@@ -80,6 +80,18 @@ std::string check_expert_headers(const PackedCacheKey& key, const std::vector<vo
     }
   }
   return "";
+}
+
+// What a load of `key` expects of a file: its shapes and key bytes, the stored key
+// equal to `key` field by field, every expert's packed header the one `key` implies.
+CacheLoadChecks load_checks(const PackedCacheKey& key) {
+  const auto check_key = [key](const std::string& stored) {
+    PackedCacheKey have;
+    std::string why;
+    return PackedCacheKey::from_bytes(stored, &have, &why) ? compare_keys(have, key) : why;
+  };
+  const auto check_content = [key](const std::vector<void*>& tensors) { return check_expert_headers(key, tensors); };
+  return {key.arena_key(), check_key, check_content};
 }
 
 }  // namespace
@@ -162,14 +174,10 @@ PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_
 
 std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
                               bool verify_data, at::Tensor* w13, at::Tensor* w2) {
+  const CacheLoadChecks checks = load_checks(key);
   std::vector<void*> data;
-  const auto check_key = [&key](const std::string& stored) {
-    PackedCacheKey have;
-    std::string why;
-    return PackedCacheKey::from_bytes(stored, &have, &why) ? compare_keys(have, key) : why;
-  };
-  const auto check = [&key](const std::vector<void*>& tensors) { return check_expert_headers(key, tensors); };
-  std::string reason = arena->open_cached(key.arena_key(), check_key, check, verify_data, aten_parallel_for, &data);
+  std::string reason = arena->open_cached(checks.expect, checks.check_key, checks.check_content, verify_data,
+                                          aten_parallel_for, &data);
   if (!reason.empty()) return reason;
   *w13 = arena_tensor(arena, data[0], {key.experts, key.w13_bytes});
   *w2 = arena_tensor(arena, data[1], {key.experts, key.w2_bytes});
@@ -190,46 +198,28 @@ std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, con
   return error;
 }
 
-std::string inspect_packed_cache_file(const std::string& path, bool verify_data, CacheHeader* header,
-                                      int64_t* file_bytes, PackedCacheKey* key, bool* key_ok) {
-  *key_ok = false;
-  std::memset(header, 0, sizeof(*header));
-  *file_bytes = 0;
-  std::string reason;
-  const int fd = open_regular_file(path, &reason);
-  if (fd < 0) return reason;
-  reason = read_cache_header(fd, header, file_bytes);
-  ::close(fd);
-  if (reason.empty()) reason = check_cache_header(*header, *file_bytes);
-  if (!reason.empty()) return reason;
-  std::string why;
-  if (!PackedCacheKey::from_bytes(stored_key(*header), key, &why)) return why;
-  *key_ok = true;
-  if (key->packed_version != kPackedVersion)
-    return "stale: packed layout version " + std::to_string(key->packed_version) + ", this build reads " +
-           std::to_string(kPackedVersion);
-  PackedCacheKey own;
-  try {
-    own = packed_cache_key(key->weight_format, key->group_size, key->experts, key->hidden, key->inter,
-                           key->inter_lo, key->inter_hi, key->numa_part, key->fingerprint);
-  } catch (const std::exception& e) {
-    return std::string("corrupt: the file's key is not a valid layer: ") + e.what();
-  }
-  *key = own;
-  // The same mapping and checks as a load, in a throwaway arena; a file of another
-  // user is reported as such, not refused (inspect trusts nothing it maps).
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string suffix = ".ktmoe";
-  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-    name.resize(name.size() - suffix.size());
-  ArenaOptions options;
-  options.persistent = true;
-  options.trust_others = true;
-  options.hugepage = false;
-  at::Tensor w13, w2;
-  return load_packed_cache(KtWeightArena::open(dir, name, options), own, verify_data, &w13, &w2);
+PackedCacheInspection inspect_packed_cache_file(const std::string& path, bool verify_data) {
+  PackedCacheInspection out;
+  // The file's own key, decoded, becomes the key of the load the inspection runs.
+  const auto read_key = [&out](const std::string& stored, CacheLoadChecks* checks) -> std::string {
+    std::string why;
+    if (!PackedCacheKey::from_bytes(stored, &out.key, &why)) return why;
+    out.key_ok = true;
+    if (out.key.packed_version != kPackedVersion)
+      return "stale: packed layout version " + std::to_string(out.key.packed_version) + ", this build reads " +
+             std::to_string(kPackedVersion);
+    try {
+      const PackedCacheKey& k = out.key;
+      out.key = packed_cache_key(k.weight_format, k.group_size, k.experts, k.hidden, k.inter, k.inter_lo, k.inter_hi,
+                                 k.numa_part, k.fingerprint);
+    } catch (const std::exception& e) {
+      return std::string("corrupt: the file's key is not a valid layer: ") + e.what();
+    }
+    *checks = load_checks(out.key);
+    return "";
+  };
+  out.file = inspect_cache_file(path, verify_data, read_key, aten_parallel_for);
+  return out;
 }
 
 }  // namespace ktmoe

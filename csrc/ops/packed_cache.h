@@ -5,8 +5,9 @@
 // E/H/I, the part's intermediate range, NUMA part, packed-layout version, source
 // fingerprint), judges a stored key against the wanted one field by field
 // ("stale: weight format is ..."), and checks every expert's packed header in a
-// mapped file. The atomic build / copy-on-write map is KtWeightArena
-// (weight_arena_cache.cpp).
+// mapped file; inspection decodes a file's own key and runs the same checks
+// (arena/cache_inspect.h does the file side). The atomic build / copy-on-write
+// map is KtWeightArena (weight_arena_cache.cpp).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "arena/cache_file.h"
+#include "arena/cache_inspect.h"
 #include "arena/weight_arena.h"
 
 namespace ktmoe {
@@ -54,11 +56,15 @@ std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const
 std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
                                 const at::Tensor& w13, const at::Tensor& w2);
 
-// The header and stored key of the cache file at `path` as `inspect` shows them;
-// "" if the file is valid as it describes itself (the checks of a load against
-// its own key; verify_data: data checksums too), else why not. *key is set when
-// the header is readable and its key bytes decode.
-std::string inspect_packed_cache_file(const std::string& path, bool verify_data, CacheHeader* header,
-                                      int64_t* file_bytes, PackedCacheKey* key, bool* key_ok);
+// What `inspect` shows of the cache file at `path`: arena/cache_inspect.h's
+// inspection (header, validity, residency) with the stored key decoded as a
+// packed-experts key. Valid (file.reason "") when the file passes the checks of
+// a load against its own key (verify_data: data checksums too).
+struct PackedCacheInspection {
+  CacheFileInspection file;
+  bool key_ok = false;  // the stored key decoded: `key` holds the file's fields
+  PackedCacheKey key;
+};
+PackedCacheInspection inspect_packed_cache_file(const std::string& path, bool verify_data);
 
 }  // namespace ktmoe

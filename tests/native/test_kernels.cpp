@@ -15,8 +15,8 @@
 //   * the driver is compared with a double-precision emulation of the same
 //     pipeline (tight) and with the dense fp32 MoE (accuracy metric), and its
 //     bits must not depend on the ParallelFor partition.
-// An ISA table with null entries (being written) is reported "skipped:
-// incomplete"; an ISA the CPU lacks is reported "skipped: cpu lacks it".
+// ISAs come from kernels/isa_select.h, as in the extension: one the CPU lacks, or
+// whose table has null entries (being written), is reported "skipped: <why>".
 // `test_kernels --accuracy E H I K T` runs only the accuracy metric at that shape;
 // KTMOE_TEST_SEED=n runs the same checks on other random data.
 #include <algorithm>
@@ -37,6 +37,7 @@
 
 #include "common/cpu_features.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/isa_select.h"
 #include "kernels/moe_driver.h"
 #include "kernels/pack.h"
 #include "kernels/packed_format.h"
@@ -405,31 +406,15 @@ struct Isa {
   bool usable;
 };
 
-std::vector<Isa> usable_isas() {
+std::vector<Isa> usable_isas() {  // the selection the extension uses (kernels/isa_select.h)
   std::vector<Isa> out;
-  const CpuFeatures& cpu = cpu_features();
-  const IsaKernels* tables[] = {&generic_kernels(), &avx2_kernels(), &avx512_kernels()};
-  const bool cpu_ok[] = {true, cpu.avx2, cpu.avx512};
-  for (int i = 0; i < 3; ++i) {
-    const IsaKernels& t = *tables[i];
-    std::string nulls;
-    if (!t.gemm_bf16) nulls += " gemm_bf16";
-    if (!t.gemm_int8) nulls += " gemm_int8";
-    if (!t.gemm_int4) nulls += " gemm_int4";
-    if (!t.silu_mul) nulls += " silu_mul";
-    if (!t.swiglu_oai) nulls += " swiglu_oai";
-    if (!t.quantize_rows) nulls += " quantize_rows";
-    if (!t.to_bf16) nulls += " to_bf16";
-    if (!t.f16_to_f32) nulls += " f16_to_f32";
-    if (!t.f32_to_f16) nulls += " f32_to_f16";
-    const char* name = t.name ? t.name : "?";
-    if (!cpu_ok[i]) {
-      skip(strf("isa %s: skipped: cpu lacks it", name));
-    } else if (!nulls.empty()) {
-      skip(strf("isa %s: skipped: incomplete (null:%s)", name, nulls.c_str()));
-    } else {
+  for (const char* name : {"generic", "avx2", "avx512"}) {
+    std::string why;
+    if (const IsaKernels* k = find_isa(name, cpu_features(), &why)) {
       std::printf("INFO isa %s: complete, testing\n", name);
-      out.push_back({&t, true});
+      out.push_back({k, true});
+    } else {
+      skip(strf("isa %s: skipped: %s", name, why.c_str()));
     }
   }
   return out;

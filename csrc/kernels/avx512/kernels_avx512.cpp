@@ -4,7 +4,6 @@
 //   gemm_bf16_avx512.cpp   vdpbf16ps register tiles over the kBF16 pair layout
 //   gemm_int_avx512.cpp    vpdpbusd register tiles, shared by kINT8 and kINT4
 //   elementwise_avx512.cpp silu_mul, swiglu_oai, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
-//   stream_read_avx512.cpp the read-bandwidth probe
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
 #include "kernels/isa_kernels.h"
 

@@ -1,42 +1,21 @@
-// Binds the C++ side to torch and Python: every ktmoe op (schema + CPU kernel)
-// and the Python module torch_ktmoe._C (arenas, ISA selection, statistics).
+// The Python module torch_ktmoe._C: weight arenas (WeightArena, CacheLock, arena
+// statistics), cache keys, cache directory helpers and inspection, packed sizes,
+// ISA selection. The ops themselves are registered in torch_bindings.cpp.
+//
+// Includes: everything computed goes through ops/ (ISA choice, packing plan,
+// cache keys, inspection). arena/ is included only for the objects Python holds
+// and calls 1:1 (KtWeightArena, CacheLock, the cache file names, the NUMA node
+// count): a pass-through layer in ops/ would only repeat their declarations.
 #include <torch/extension.h>
 
-#include <atomic>
-#include <chrono>
-#include <cstring>
-
-#include <fcntl.h>
-#include <unistd.h>
-
+#include "arena/cache_file.h"
 #include "arena/cache_lock.h"
 #include "arena/numa_first_touch.h"
 #include "arena/weight_arena.h"
-#include "common/cpu_features.h"
-#include "kernels/isa_kernels.h"
 #include "ops/arena_tensor.h"
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
 #include "ops/packed_cache.h"
-
-TORCH_LIBRARY(ktmoe, m) {
-  // Fused MoE forward over packed experts (format read from the packed headers); optional
-  // expert biases and the gated activation ("silu", or gpt-oss's clamped "swiglu_oai").
-  m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-        "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float swiglu_alpha=1.702, "
-        "float swiglu_limit=7.0) -> Tensor");
-  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) on the heap.
-  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");
-  // The same into caller-allocated outputs (Python takes them from a WeightArena).
-  m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
-        "Tensor(a!) w13, Tensor(b!) w2) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
-  m.impl("moe_forward", &ktmoe::moe_forward);
-  m.impl("pack_experts", &ktmoe::pack_experts);
-  m.impl("pack_experts_out", &ktmoe::pack_experts_out);
-}
 
 namespace {
 
@@ -57,36 +36,6 @@ struct PyArena {
   std::shared_ptr<ktmoe::KtWeightArena> arena;
 };
 
-// Reads every byte of the tensors with 512-bit loads on all threads of ATen's
-// pool (1 MiB chunks); returns the seconds taken. The benchmarks' read probe.
-double stream_read_seconds(const std::vector<at::Tensor>& tensors) {
-  TORCH_CHECK(ktmoe::cpu_features().avx512, "stream_read needs AVX-512");
-  constexpr int64_t kChunk = int64_t(1) << 20;
-  std::vector<std::pair<const uint8_t*, int64_t>> chunks;
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(), "stream_read: contiguous CPU tensors only");
-    const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-    const int64_t n = t.numel() * t.element_size();
-    for (int64_t off = 0; off < n; off += kChunk) chunks.emplace_back(p + off, std::min(kChunk, n - off));
-  }
-  std::atomic<float> sink{0.f};
-  const auto t0 = std::chrono::steady_clock::now();
-  at::parallel_for(0, int64_t(chunks.size()), 1, [&](int64_t b, int64_t e) {
-    float s = 0.f;
-    for (int64_t i = b; i < e; ++i) s += ktmoe::stream_read_avx512(chunks[i].first, chunks[i].second);
-    sink.store(sink.load() + s);
-  });
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// GB/s of the best of `repeats` passes over a fresh buffer of `bytes` (the read roof).
-double stream_read_gbps(int64_t bytes, int64_t repeats) {
-  at::Tensor buf = at::ones({bytes}, at::kByte);
-  double best = 0;
-  for (int64_t r = 0; r < repeats; ++r) best = std::max(best, double(bytes) / stream_read_seconds({buf}) / 1e9);
-  return best;
-}
-
 // Header text as printable ASCII: a random or hostile file must not break the listing.
 std::string printable(const char* p, size_t n) {
   std::string out(p, n);
@@ -97,24 +46,20 @@ std::string printable(const char* p, size_t n) {
 
 // What `inspect` prints of one cache file: its header, validity (the checks of a
 // load against the file's own key; verify: data checksums too), residency.
-py::dict inspect_cache_file(const std::string& path, bool verify) {
+py::dict inspection_dict(const std::string& path, const ktmoe::PackedCacheInspection& in) {
+  const ktmoe::CacheFileInspection& f = in.file;
+  const auto shape = [&f](size_t t) -> py::tuple {
+    if (t >= f.shapes.size()) return py::make_tuple(0, 0);
+    return py::make_tuple(f.shapes[t].first, f.shapes[t].second);
+  };
   py::dict d;
   d["path"] = path;
-  ktmoe::CacheHeader h;
-  ktmoe::PackedCacheKey key;
-  int64_t file_bytes = 0;
-  bool key_ok = false;
-  std::string reason;
-  {
-    py::gil_scoped_release release;
-    reason = ktmoe::inspect_packed_cache_file(path, verify, &h, &file_bytes, &key, &key_ok);
-  }
-  d["file_bytes"] = file_bytes;
-  d["valid"] = reason.empty();
-  d["reason"] = reason;
-  std::string error;
-  d["resident_bytes"] = ktmoe::file_resident_bytes(path, &error);
-  if (key_ok) {
+  d["file_bytes"] = f.file_bytes;
+  d["valid"] = f.reason.empty();
+  d["reason"] = f.reason;
+  d["resident_bytes"] = f.resident_bytes;
+  if (in.key_ok) {
+    const ktmoe::PackedCacheKey& key = in.key;
     d["weight_format"] = printable(key.weight_format.data(), key.weight_format.size());
     d["group_size"] = key.group_size;
     d["experts"] = key.experts;
@@ -123,8 +68,8 @@ py::dict inspect_cache_file(const std::string& path, bool verify) {
     d["inter_range"] = py::make_tuple(key.inter_lo, key.inter_hi);
     d["numa_part"] = key.numa_part;
     d["packed_version"] = key.packed_version;
-    d["w13_shape"] = py::make_tuple(h.tensors[0].rows, h.tensors[0].cols);
-    d["w2_shape"] = py::make_tuple(h.tensors[1].rows, h.tensors[1].cols);
+    d["w13_shape"] = shape(0);
+    d["w2_shape"] = shape(1);
     d["fingerprint"] = printable(key.fingerprint.data(), key.fingerprint.size());
   }
   return d;
@@ -133,7 +78,7 @@ py::dict inspect_cache_file(const std::string& path, bool verify) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "torch_ktmoe native extension: ktmoe ops, weight arenas, ISA selection";
+  m.doc() = "torch_ktmoe native extension: weight arenas, cache helpers, ISA selection (ops: torch.ops.ktmoe)";
 
   py::class_<PyArena>(m, "WeightArena")
       .def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node,
@@ -221,7 +166,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_key", &ktmoe::packed_cache_key, py::arg("weight_format"), py::arg("group_size"),
         py::arg("experts"), py::arg("hidden"), py::arg("inter"), py::arg("inter_lo"), py::arg("inter_hi"),
         py::arg("numa_part"), py::arg("fingerprint"));
-  m.def("inspect_cache_file", &inspect_cache_file, py::arg("path"), py::arg("verify") = false,
+  m.def("inspect_cache_file", [](const std::string& path, bool verify) {
+    ktmoe::PackedCacheInspection in;
+    {
+      py::gil_scoped_release release;
+      in = ktmoe::inspect_packed_cache_file(path, verify);
+    }
+    return inspection_dict(path, in);
+  }, py::arg("path"), py::arg("verify") = false,
         "header fields, valid/reason (the checks of a load against the file's own key; verify: data "
         "checksums too) and resident_bytes of a .ktmoe file");
   m.def("cache_dir_problem", [](const std::string& dir) {
@@ -288,12 +240,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   "((E, B13), (E, B2)): the shapes pack_experts_out needs, after the same argument checks");
   m.def("packed_matrix_bytes", &ktmoe::packed_matrix_bytes, py::arg("weight_format"), py::arg("role"),
         py::arg("n"), py::arg("k"), py::arg("group_size") = 0);
-  m.def("set_isa", &ktmoe::set_isa, py::arg("name"));
-  m.def("active_isa", [] { return std::string(ktmoe::active_isa().name); });
+  m.def("set_isa", &ktmoe::set_isa, py::arg("name"), "the ISA of every later op call of the process");
+  m.def("set_thread_isa", &ktmoe::set_thread_isa, py::arg("name"),
+        "the ISA of this thread's later op calls ('' : the process's); returns the thread's previous choice");
+  m.def("active_isa", [] { return std::string(ktmoe::active_isa().name); }, "the ISA of this thread's next op call");
   m.def("available_isas", &ktmoe::available_isas);
   m.def("default_isa", &ktmoe::default_isa);
   m.def("numa_node_count", &ktmoe::numa_node_count);
-  m.def("stream_read_gbps", &stream_read_gbps, py::arg("bytes"), py::arg("repeats") = 5);
-  m.def("stream_read_seconds", &stream_read_seconds, py::arg("tensors"),
-        py::call_guard<py::gil_scoped_release>());
 }

@@ -1,0 +1,65 @@
+// [NOTE] find_isa / best_isa: the ISA tables a CPU can run (see isa_select.h).
+#include "kernels/isa_select.h"
+
+namespace ktmoe {
+namespace {
+
+constexpr const char* kNames[] = {"generic", "avx2", "avx512"};  // worst to best
+
+}  // namespace
+
+std::string missing_entries(const IsaKernels& k) {
+  std::string nulls;
+  const auto add = [&nulls](bool present, const char* entry) {
+    if (present) return;
+    if (!nulls.empty()) nulls += ' ';
+    nulls += entry;
+  };
+  add(k.gemm_bf16, "gemm_bf16");
+  add(k.gemm_int8, "gemm_int8");
+  add(k.gemm_int4, "gemm_int4");
+  add(k.silu_mul, "silu_mul");
+  add(k.swiglu_oai, "swiglu_oai");
+  add(k.quantize_rows, "quantize_rows");
+  add(k.to_bf16, "to_bf16");
+  add(k.f16_to_f32, "f16_to_f32");
+  add(k.f32_to_f16, "f32_to_f16");
+  return nulls;
+}
+
+const IsaKernels* find_isa(const std::string& name, const CpuFeatures& cpu, std::string* why) {
+  if (name == "auto") return &best_isa(cpu);
+  if (name == "generic") return &generic_kernels();
+  if (name != "avx2" && name != "avx512") {
+    *why = "unknown ISA '" + name + "' (expected generic, avx2, avx512 or auto)";
+    return nullptr;
+  }
+  const bool avx2 = name == "avx2";
+  if (!(avx2 ? cpu.avx2 : cpu.avx512)) {
+    *why = std::string("this CPU lacks ") + (avx2 ? "AVX2+FMA+F16C" : "AVX-512 F/BW/VL/DQ+BF16+VNNI");
+    return nullptr;
+  }
+  const IsaKernels& k = avx2 ? avx2_kernels() : avx512_kernels();
+  if (const std::string nulls = missing_entries(k); !nulls.empty()) {
+    *why = "the " + name + " kernels are not complete in this build (null: " + nulls + ")";
+    return nullptr;
+  }
+  return &k;
+}
+
+const IsaKernels& best_isa(const CpuFeatures& cpu) {
+  std::string why;
+  for (const char* name : {"avx512", "avx2"})
+    if (const IsaKernels* k = find_isa(name, cpu, &why)) return *k;
+  return generic_kernels();
+}
+
+std::vector<std::string> usable_isa_names(const CpuFeatures& cpu) {
+  std::vector<std::string> names;
+  std::string why;
+  for (const char* name : kNames)
+    if (find_isa(name, cpu, &why)) names.push_back(name);
+  return names;
+}
+
+}  // namespace ktmoe

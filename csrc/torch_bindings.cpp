@@ -1,0 +1,26 @@
+// The ktmoe op library: every op's schema (TORCH_LIBRARY) and its CPU kernel
+// (TORCH_LIBRARY_IMPL), nothing else. Entry points: ops/ops.h; fake (meta)
+// kernels: torch_ktmoe/ops.py. The Python module torch_ktmoe._C (arenas, ISA,
+// cache helpers) is python_module.cpp.
+#include <torch/library.h>
+
+#include "ops/ops.h"
+
+TORCH_LIBRARY(ktmoe, m) {
+  // Fused MoE forward over packed experts (format read from the packed headers); optional
+  // expert biases and the gated activation ("silu", or gpt-oss's clamped "swiglu_oai").
+  m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
+        "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float swiglu_alpha=1.702, "
+        "float swiglu_limit=7.0) -> Tensor");
+  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) on the heap.
+  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");
+  // The same into caller-allocated outputs (Python takes them from a WeightArena).
+  m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
+        "Tensor(a!) w13, Tensor(b!) w2) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
+  m.impl("moe_forward", &ktmoe::moe_forward);
+  m.impl("pack_experts", &ktmoe::pack_experts);
+  m.impl("pack_experts_out", &ktmoe::pack_experts_out);
+}
