@@ -27,14 +27,19 @@
 // fewer blocks runs their narrower, slower tiles. An expert with few rows (decode:
 // at most decode_rows(), 12 for kBF16 whose gemm has an L1-blocked path above 12
 // rows, kTokenTile for int formats) reads each weight once whatever the item size,
-// so its blocks are cut into small items (about decode_item_bytes() of weights, at
+// so its blocks are cut into small items (about decode_budget() of weights, at
 // least one group) that spread one expert over all threads. (128 KiB items made
 // bf16 decode items a single pair, 2 blocks: 66 % of the read roof against 84-88 %
-// with whole groups.) An expert with more rows (prefill) gets items of about
+// with whole groups.) The budget is 256 KiB, or less (down to 128 KiB) when the
+// phase's weights give each thread fewer than 16 such items, so that many threads
+// finish together: on 16 threads 128 KiB items ran int4 and bf16 decode 8-12 %
+// faster than 256 KiB, 1 MiB items 15-35 % slower (benchmarks/measured/
+// device_item_size_thp_*). An expert with more rows (prefill) gets items of about
 // kPanelBytes of weights (half the 1 MiB L2): the item walks all the expert's rows
 // in tiles of kTokenTile, and the panel is read from memory once and from L2 for
 // every further tile.
-// Item sizes depend only on the problem, never on the thread count.
+// Item sizes depend on the problem and the thread count, never on which thread
+// runs what; the gemms give the same bits for any block split (isa_kernels.h).
 // bf16 activation rows have a stride of kp + 32 elements so that rows are never
 // a multiple of 4 KiB apart (L1 set aliasing; the gemm then reads them in place).
 //
@@ -68,14 +73,18 @@ inline int64_t decode_rows(const PackedMatrixHeader* h) {
   return h->format == uint8_t(WeightFormat::kBF16) ? 12 : kTokenTile;
 }
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
-// decode: weight bytes per item (see [NOTE]); KTMOE_DECODE_ITEM_KB overrides it for tuning runs.
-int64_t decode_item_bytes() {
-  static const int64_t bytes = [] {
+// decode: weight bytes per item (see [NOTE]): at most 256 KiB, at least 128 KiB, and
+// about a 16th of a thread's share of the phase's decode weights in between.
+// KTMOE_DECODE_ITEM_KB fixes it for tuning runs.
+int64_t decode_budget(int64_t phase_bytes, int64_t threads) {
+  static const int64_t fixed = [] {
     const char* env = std::getenv("KTMOE_DECODE_ITEM_KB");
     const long long kb = env ? std::strtoll(env, nullptr, 10) : 0;
-    return kb > 0 ? int64_t(kb) << 10 : int64_t(256) << 10;
+    return kb > 0 ? int64_t(kb) << 10 : int64_t(0);
   }();
-  return bytes;
+  if (fixed > 0) return fixed;
+  const int64_t share = phase_bytes / (16 * std::max<int64_t>(threads, 1));
+  return std::min<int64_t>(256 << 10, std::max<int64_t>(128 << 10, share));
 }
 constexpr int64_t kGroupBlocks = 4;  // blocks of one register group: every gemm micro-kernel's widest tile
 constexpr int64_t kMaxPairsPerCall = 8;      // gate/up stack tile: 32 x 8*32 fp32 = 32 KiB
@@ -199,12 +208,15 @@ struct Item {
 // register groups of the gemm tiles).
 std::vector<Item> make_items(const std::vector<int64_t>& active, const std::vector<int64_t>& row_begin,
                              int64_t units, int64_t unit_bytes, int64_t align,
-                             int64_t decode_rows) {
+                             int64_t decode_rows, int64_t threads) {
+  int64_t decode_experts = 0;
+  for (int64_t e : active) decode_experts += row_begin[e + 1] - row_begin[e] <= decode_rows;
+  const int64_t decode_items_budget = decode_budget(decode_experts * units * unit_bytes, threads);
   std::vector<Item> items;
   for (int64_t e : active) {
     const int64_t rows = row_begin[e + 1] - row_begin[e];
     const bool prefill = rows > decode_rows;
-    const int64_t budget = prefill ? kPanelBytes : decode_item_bytes();
+    const int64_t budget = prefill ? kPanelBytes : decode_items_budget;
     const int64_t per_item = std::max<int64_t>(align, std::min(units, budget / unit_bytes));
     const int64_t n_items = (units + per_item - 1) / per_item;
     int64_t prev = 0;
@@ -414,7 +426,7 @@ void gate_up_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor
   float* hbuf = b.h;
   const int64_t pair_bytes = 2 * block_data_bytes(WeightFormat(h13->format), h13->kp);
   const std::vector<Item> items = make_items(rt.active, rt.row_begin, sh.pairs, pair_bytes, kGroupBlocks / 2,
-                                             decode_rows(h13));
+                                             decode_rows(h13), p.threads);
   for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
     alignas(64) float tile[kTokenTile * kMaxPairsPerCall * 32];
     const Item& item = items[it];
@@ -478,7 +490,7 @@ void down_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& p
   float* ybuf = b.y;
   const int64_t block_bytes2 = block_data_bytes(WeightFormat(h2->format), h2->kp);
   const std::vector<Item> items = make_items(rt.active, rt.row_begin, h2->np / kBlockN, block_bytes2, kGroupBlocks,
-                                             decode_rows(h2));
+                                             decode_rows(h2), p.threads);
   for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
     const Item& item = items[it];
     const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);

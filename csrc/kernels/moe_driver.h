@@ -57,6 +57,7 @@ struct MoeProblem {
   Activation act;
   const float* w13_bias = nullptr;  // [E, 2I] or null: gate bias [0, I), then up bias [I, 2I)
   const float* w2_bias = nullptr;   // [E, H] or null: added to down's output before weighting
+  int64_t threads = 1;              // threads of parallel_for (sizes the decode items only)
 };
 
 // Runs the forward. Assumes the caller validated shapes, formats and ids.

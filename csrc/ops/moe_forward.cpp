@@ -125,6 +125,7 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   p.act = act;
   p.w13_bias = b13.defined() ? b13.data_ptr<float>() : nullptr;
   p.w2_bias = b2.defined() ? b2.data_ptr<float>() : nullptr;
+  p.threads = at::get_num_threads();
   moe_forward(p, active_isa(), [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
     at::parallel_for(0, n, grain, body);
   });
