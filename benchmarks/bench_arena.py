@@ -21,7 +21,6 @@ import torch
 
 import torch_ktmoe
 from torch_ktmoe import WeightArena, _C
-from torch_ktmoe.memory import _smaps_rollup
 
 MiB = 1 << 20
 
@@ -41,7 +40,7 @@ def one_run(directory, hugepage, total, slice_bytes):
     r1 = torch_ktmoe.memory_report()
     _C.stream_read_seconds(slices)  # warm
     warm = min(_C.stream_read_seconds(slices) for _ in range(3))
-    pmd = _smaps_rollup().get("FilePmdMapped", 0)
+    pmd = torch_ktmoe.memory_report()["smaps"].get("FilePmdMapped", 0)
     row = {
         "alloc_ms": t_alloc * 1e3,
         "write_GBps": total / t_write / 1e9,
