@@ -7,7 +7,9 @@ Two kinds of sources:
   the extension imports on any x86-64 CPU and picks kernels at run time;
 * ATen glue (csrc/bindings.cpp, csrc/ops/*) is compiled by torch's
   BuildExtension (ninja) and linked with the objects above.
-Objects are rebuilt only when a source or a header it includes changed.
+Both go through ninja, which rebuilds an object only when its source, a header it
+includes or its command changed, and shows one status line (updated in place on a
+terminal) instead of every compiler command.
 
 Each torch version gets its own directory for the ATen objects
 (build/temp-torch-<version>), so a build against another torch (e.g. sglang's,
@@ -16,16 +18,17 @@ objects (build/torch_free) include no torch header and are shared. The torch ver
 is written next to the built module (torch_ktmoe/_C.torch-version);
 torch_ktmoe/_native.py compares it with the running torch before importing it.
 """
+import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import setup
 import torch
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = Path(__file__).resolve().parent
@@ -52,35 +55,81 @@ def compile_flags(source: Path):
     return TORCH_FREE_FLAGS + ISA_FLAGS.get(isa_of(source), []) + ["-I", str(CSRC)]
 
 
-def _stale(obj: Path, dep: Path) -> bool:
-    if not obj.exists() or not dep.exists():
-        return True
-    deps = dep.read_text().replace("\\\n", " ").split(":", 1)[-1].split()
-    t = obj.stat().st_mtime
-    return any(not Path(d).exists() or Path(d).stat().st_mtime > t for d in deps)
+def _ninja_escape(text: str) -> str:
+    return text.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def build_torch_free_objects(build_dir: Path, jobs: int = 2):
+def run_ninja(build_dir: Path) -> None:
+    """Runs ninja in build_dir: one status line that updates in place on a terminal, not every command.
+
+    Jobs: MAX_JOBS when set (as torch's builds read it), else ninja's default. A failed
+    compile prints its command and the compiler's output.
+    """
+    jobs = ["-j", os.environ["MAX_JOBS"]] if os.environ.get("MAX_JOBS") else []
+    sys.stdout.flush()
+    if subprocess.run(["ninja", *jobs], cwd=build_dir).returncode != 0:
+        raise SystemExit(f"torch_ktmoe: the build in {build_dir} failed (see above)")
+
+
+def build_torch_free_objects(build_dir: Path):
+    """Compiles the torch-free sources with ninja (build_dir/build.ninja); returns the objects in link order.
+
+    Ninja rebuilds an object when its source, a header it includes (the compiler's depfile) or
+    its command line changed. As before ninja, warnings stay out of the build's output (GCC 12
+    warns hundreds of times inside its own AVX-512 intrinsics headers): each object's compiler
+    output is kept in OBJ.log, and printed when the compile fails.
+    """
     cxx = os.environ.get("CXX", "g++")
-    objects, todo = [], []
+    lines = ["ninja_required_version = 1.3", f"cxx = {_ninja_escape(cxx)}", "",
+             "rule cxx",  # the compiler's output goes to OBJ.log, shown when the compile fails
+             "  command = $cxx -MMD -MF $out.d $flags -c $in -o $out 2> $out.log || { cat $out.log; exit 1; }",
+             "  depfile = $out.d",
+             "  deps = gcc",
+             "  description = CXX $src", ""]
+    objects = []
     for src in torch_free_sources():
         obj = build_dir / src.relative_to(CSRC).with_suffix(".o")
-        dep = obj.with_suffix(".d")
         objects.append(str(obj))
-        if _stale(obj, dep):
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            todo.append([cxx, *compile_flags(src), "-MMD", "-MF", str(dep), "-c", str(src), "-o", str(obj)])
-
-    def run(cmd):
-        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-        return subprocess.run(cmd, capture_output=True, text=True)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for cmd, res in zip(todo, pool.map(run, todo)):
-            if res.returncode != 0:
-                sys.stderr.write(res.stdout + res.stderr)
-                raise SystemExit(f"torch_ktmoe: compiling {cmd[-3]} failed")
+        lines += [f"build {_ninja_escape(str(obj))}: cxx {_ninja_escape(str(src))}",
+                  "  flags = " + " ".join(shlex.quote(f) for f in compile_flags(src)).replace("$", "$$"),
+                  f"  src = {_ninja_escape(str(src.relative_to(ROOT)))}"]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    ninja_file = build_dir / "build.ninja"
+    text = "\n".join(lines) + "\n"
+    if not ninja_file.exists() or ninja_file.read_text() != text:
+        ninja_file.write_text(text)
+    run_ninja(build_dir)
     return objects
+
+
+@contextlib.contextmanager
+def ninja_status_line():
+    """BuildExtension's ATen compile through run_ninja: its status line, not ``ninja -v``'s every command.
+
+    torch's BuildExtension always runs ``ninja -v`` (torch.utils.cpp_extension._run_ninja_build,
+    private: checked with torch 2.13.0; its signature and ``ninja -v`` have stayed the same
+    for years). While this is active it runs ninja as run_ninja does, with a short description
+    per compile added to torch's build.ninja. Where that private function is missing, the
+    build goes on as torch runs it.
+    """
+    original = getattr(cpp_extension, "_run_ninja_build", None)
+    if original is None:
+        yield
+        return
+
+    def run_quietly(build_directory, *args, **kwargs):
+        ninja_file = Path(build_directory) / "build.ninja"
+        text = ninja_file.read_text()
+        if "rule compile\n" in text and "  description = " not in text:
+            text = text.replace("rule compile\n", "rule compile\n  description = CXX $in\n", 1)
+            ninja_file.write_text(text)
+        run_ninja(Path(build_directory))
+
+    cpp_extension._run_ninja_build = run_quietly
+    try:
+        yield
+    finally:
+        cpp_extension._run_ninja_build = original
 
 
 TORCH_VERSION_FILE = "_C.torch-version"  # read by torch_ktmoe/_native.py
@@ -109,12 +158,13 @@ class BuildExt(BuildExtension):
                            str(Path(inplace_file).with_name(TORCH_VERSION_FILE)))
 
     def build_extensions(self):
-        objects = build_torch_free_objects(ROOT / "build" / "torch_free", jobs=os.cpu_count() or 2)
+        objects = build_torch_free_objects(ROOT / "build" / "torch_free")
         headers = [str(p) for p in CSRC.rglob("*.h")]
         for ext in self.extensions:
             ext.extra_objects = objects + list(ext.extra_objects or [])
             ext.depends = list(ext.depends or []) + objects + headers  # relink when any changed
-        super().build_extensions()
+        with ninja_status_line():
+            super().build_extensions()
 
 
 aten_sources = [str(p.relative_to(ROOT)) for p in [CSRC / "bindings.cpp", *sorted((CSRC / "ops").glob("*.cpp"))]]
