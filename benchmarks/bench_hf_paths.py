@@ -111,12 +111,10 @@ def run_mode(args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(ap)
-    add_run_arguments(ap)
+    add_run_arguments(ap, modes=PATHS)
     ap.add_argument("--file-backed", action="store_true", help="packed experts in MAP_SHARED files (fresh dir per path)")
     args = ap.parse_args(argv)
     if args.mode is not None:  # child: one path
-        if args.mode not in PATHS:
-            ap.error(f"--mode must be one of {PATHS}")
         run_mode(args)
         return 0
     work = make_workdir(args, "ktmoe_hf_paths_")

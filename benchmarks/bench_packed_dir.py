@@ -47,12 +47,10 @@ def run_mode(args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(ap)
-    add_run_arguments(ap)
+    add_run_arguments(ap, modes=TARGETS)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     if args.mode is not None:  # child: one target
-        if args.mode not in TARGETS:
-            ap.error(f"--mode must be one of {TARGETS}")
         run_mode(args)
         return 0
     import torch

@@ -115,10 +115,8 @@ def run_demo(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_ktmoe demo", description=__doc__.splitlines()[0])
     add_model_arguments(ap)
-    add_run_arguments(ap)
+    add_run_arguments(ap, modes=MODES)
     args = ap.parse_args(argv)
-    if args.mode is not None and args.mode not in MODES:
-        ap.error(f"--mode must be one of {MODES}")
     return run_mode(args) if args.mode else run_demo(args)
 
 

@@ -36,11 +36,11 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
                     help="parent of the temporary work directory (default: /var/tmp, which is disk, not tmpfs)")
 
 
-def add_run_arguments(ap: argparse.ArgumentParser) -> None:
-    """--format, --threads, --prompt-tokens, --tokens; hidden: --mode and --result of a child process."""
+def add_run_arguments(ap: argparse.ArgumentParser, modes=None) -> None:
+    """--format, --threads, --prompt-tokens, --tokens; hidden: --mode (one of `modes`) and --result of a child."""
     ap.add_argument("--format", default="bf16", choices=WEIGHT_FORMATS, help="packed weight format")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=32, help="new tokens to generate")
-    ap.add_argument("--mode", help=argparse.SUPPRESS)  # child process: which run of the parent's
+    ap.add_argument("--mode", choices=modes, help=argparse.SUPPRESS)  # child process: which run of the parent's
     ap.add_argument("--result", help=argparse.SUPPRESS)  # child process: where its JSON result goes
