@@ -1,4 +1,4 @@
-"""Builds and runs the torch-free native kernel tests (tests/native/test_kernels.cpp).
+"""Builds and runs the torch-free native kernel tests (tests/native/: main.cpp and one file per kernel family).
 
 The program checks the packed format, every ISA micro-kernel table the CPU can
 run (generic always; avx2 / avx512 when cpuid says so and the table is complete)
@@ -30,7 +30,7 @@ def _sources():
     plain = ([os.path.join(CSRC, "common", "cpu_features.cpp")]
              + sorted(glob.glob(os.path.join(k, "*.cpp")))
              + sorted(glob.glob(os.path.join(k, "generic", "*.cpp")))
-             + [os.path.join(ROOT, "tests", "native", "test_kernels.cpp")])
+             + sorted(glob.glob(os.path.join(ROOT, "tests", "native", "*.cpp"))))
     return ([(s, []) for s in plain]
             + [(s, AVX2_FLAGS) for s in sorted(glob.glob(os.path.join(k, "avx2", "*.cpp")))]
             + [(s, AVX512_FLAGS) for s in sorted(glob.glob(os.path.join(k, "avx512", "*.cpp")))])
