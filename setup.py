@@ -1,13 +1,16 @@
 """Build of torch_ktmoe._C.
 
 Two kinds of sources:
-* torch-free sources (csrc/common, csrc/arena, csrc/kernels/**) are compiled here
-  with g++, each with the flags of its ISA directory only: csrc/kernels/avx2/*
-  get AVX2 flags, csrc/kernels/avx512/* AVX-512 flags, everything else none, so
-  the extension imports on any x86-64 CPU and picks kernels at run time;
+* torch-free sources (csrc/common, csrc/arena, csrc/kernels/**) are compiled by
+  native_build.py (the flags table and ninja driver the native tests share): each
+  with the flags of its ISA directory only, csrc/kernels/avx2/* AVX2 flags,
+  csrc/kernels/avx512/* AVX-512 flags, everything else none, so the extension
+  imports on any x86-64 CPU and picks kernels at run time;
 * ATen glue (csrc/*.cpp: the op registrations and the Python module; csrc/ops/*) is compiled by torch's
   BuildExtension (ninja) and linked with the objects above.
-Objects are rebuilt only when a source or a header it includes changed.
+Both go through ninja, which rebuilds an object only when its source, a header it
+includes or its command changed, and shows one status line (updated in place on a
+terminal) instead of every compiler command.
 
 Each torch version gets its own directory for the ATen objects
 (build/temp-torch-<version>), so a build against another torch (e.g. sglang's,
@@ -16,71 +19,47 @@ objects (build/torch_free) include no torch header and are shared. The torch ver
 is written next to the built module (torch_ktmoe/_C.torch-version);
 torch_ktmoe/_native.py compares it with the running torch before importing it.
 """
-import json
-import os
-import shlex
-import subprocess
+import contextlib
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import setup
 import torch
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-ROOT = Path(__file__).resolve().parent
-CSRC = ROOT / "csrc"
-
-# Flags per ISA directory: csrc/isa_flags.json (tests/test_native_kernels.py reads it too).
-ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
-TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a PEP 517 build does not put it there
+from native_build import CSRC, ROOT, NinjaBuildError, ninja_build, run_ninja, torch_free_sources  # noqa: E402
 
 
-def isa_of(source: Path) -> str:
-    parts = source.relative_to(CSRC).parts
-    return parts[1] if len(parts) > 2 and parts[0] == "kernels" and parts[1] in ISA_FLAGS else "generic"
+@contextlib.contextmanager
+def ninja_status_line():
+    """BuildExtension's ATen compile through run_ninja: its status line, not ``ninja -v``'s every command.
 
+    torch's BuildExtension always runs ``ninja -v`` (torch.utils.cpp_extension._run_ninja_build,
+    private: checked with torch 2.13.0; its signature and ``ninja -v`` have stayed the same
+    for years). While this is active it runs ninja as run_ninja does, with a short description
+    per compile added to torch's build.ninja. Where that private function is missing, the
+    build goes on as torch runs it.
+    """
+    original = getattr(cpp_extension, "_run_ninja_build", None)
+    if original is None:
+        yield
+        return
 
-def torch_free_sources():
-    # Generic code first: the linker keeps the first copy of an inline function
-    # emitted by several objects, which must never be an ISA-flagged one.
-    srcs = sorted(p for d in ("common", "arena", "kernels") for p in (CSRC / d).rglob("*.cpp"))
-    return sorted(srcs, key=lambda p: ["generic", "avx2", "avx512"].index(isa_of(p)))
+    def run_quietly(build_directory, *args, **kwargs):
+        ninja_file = Path(build_directory) / "build.ninja"
+        text = ninja_file.read_text()
+        if "rule compile\n" in text and "  description = " not in text:
+            text = text.replace("rule compile\n", "rule compile\n  description = CXX $in\n", 1)
+            ninja_file.write_text(text)
+        run_ninja(Path(build_directory))
 
-
-def compile_flags(source: Path):
-    return TORCH_FREE_FLAGS + ISA_FLAGS.get(isa_of(source), []) + ["-I", str(CSRC)]
-
-
-def _stale(obj: Path, dep: Path) -> bool:
-    if not obj.exists() or not dep.exists():
-        return True
-    deps = dep.read_text().replace("\\\n", " ").split(":", 1)[-1].split()
-    t = obj.stat().st_mtime
-    return any(not Path(d).exists() or Path(d).stat().st_mtime > t for d in deps)
-
-
-def build_torch_free_objects(build_dir: Path, jobs: int = 2):
-    cxx = os.environ.get("CXX", "g++")
-    objects, todo = [], []
-    for src in torch_free_sources():
-        obj = build_dir / src.relative_to(CSRC).with_suffix(".o")
-        dep = obj.with_suffix(".d")
-        objects.append(str(obj))
-        if _stale(obj, dep):
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            todo.append([cxx, *compile_flags(src), "-MMD", "-MF", str(dep), "-c", str(src), "-o", str(obj)])
-
-    def run(cmd):
-        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-        return subprocess.run(cmd, capture_output=True, text=True)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for cmd, res in zip(todo, pool.map(run, todo)):
-            if res.returncode != 0:
-                sys.stderr.write(res.stdout + res.stderr)
-                raise SystemExit(f"torch_ktmoe: compiling {cmd[-3]} failed")
-    return objects
+    cpp_extension._run_ninja_build = run_quietly
+    try:
+        yield
+    finally:
+        cpp_extension._run_ninja_build = original
 
 
 TORCH_VERSION_FILE = "_C.torch-version"  # read by torch_ktmoe/_native.py
@@ -109,12 +88,16 @@ class BuildExt(BuildExtension):
                            str(Path(inplace_file).with_name(TORCH_VERSION_FILE)))
 
     def build_extensions(self):
-        objects = build_torch_free_objects(ROOT / "build" / "torch_free", jobs=os.cpu_count() or 2)
-        headers = [str(p) for p in CSRC.rglob("*.h")]
-        for ext in self.extensions:
-            ext.extra_objects = objects + list(ext.extra_objects or [])
-            ext.depends = list(ext.depends or []) + objects + headers  # relink when any changed
-        super().build_extensions()
+        try:
+            objects = ninja_build(ROOT / "build" / "torch_free", torch_free_sources())
+            headers = [str(p) for p in CSRC.rglob("*.h")]
+            for ext in self.extensions:
+                ext.extra_objects = objects + list(ext.extra_objects or [])
+                ext.depends = list(ext.depends or []) + objects + headers  # relink when any changed
+            with ninja_status_line():
+                super().build_extensions()
+        except NinjaBuildError as exc:
+            raise SystemExit(f"torch_ktmoe: {exc}") from None
 
 
 aten_sources = [str(p.relative_to(ROOT)) for p in [*sorted(CSRC.glob("*.cpp")), *sorted((CSRC / "ops").glob("*.cpp"))]]

@@ -22,7 +22,6 @@ import torch
 import torch_ktmoe
 from benchmarks.roofs import read_seconds
 from torch_ktmoe import WeightArena
-from torch_ktmoe.memory import _smaps_rollup
 
 MiB = 1 << 20
 
@@ -42,7 +41,7 @@ def one_run(directory, hugepage, total, slice_bytes):
     r1 = torch_ktmoe.memory_report()
     read_seconds(slices, torch.get_num_threads())  # warm
     warm = min(read_seconds(slices, torch.get_num_threads()) for _ in range(3))
-    pmd = _smaps_rollup().get("FilePmdMapped", 0)
+    pmd = torch_ktmoe.memory_report()["smaps"].get("FilePmdMapped", 0)
     row = {
         "alloc_ms": t_alloc * 1e3,
         "write_GBps": total / t_write / 1e9,

@@ -15,20 +15,19 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 
-import torch
-
-from torch_ktmoe.demo import build_checkpoint, make_workdir
-from torch_ktmoe.memcg import run_in_memory_cgroup
+from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
+from ktmoe_harness.child import run_python
+from ktmoe_harness.memcg import run_in_memory_cgroup
+from ktmoe_harness.options import add_model_arguments
 
 MiB = 1 << 20
 
 CHILD = r"""
 import json, resource, sys, time, torch
 from torch_ktmoe import hf
-from torch_ktmoe.demo import generate
+from ktmoe_harness.generate import generate
 checkpoint, experts_dir, tokens, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(2)
 model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dtype=torch.bfloat16,
@@ -47,21 +46,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit-mib", type=int, default=400)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=17)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--intermediate", type=int, default=256)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--mmap-dir", default=None, help="parent of the work directory (default /var/tmp)")
-    ap.add_argument("--checkpoint", default=None)
+    add_model_arguments(ap)
+    ap.set_defaults(layers=17, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
     args = ap.parse_args(argv)
     work = make_workdir(args, "ktmoe-btr-")
     env = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}  # freed staging buffers go back to the kernel at once
     try:
-        checkpoint = args.checkpoint or os.path.join(work, "checkpoint")
-        if args.checkpoint is None:
-            build_checkpoint(args, checkpoint)  # outside the cgroup: its page cache is not charged there
+        checkpoint = checkpoint_for(args, work)  # outside the cgroup: its page cache is not charged there
         rows = {}
         for name, directory, limited in (("file-backed, no limit", "experts-free", False),
                                          (f"file-backed, {args.limit_mib} MiB limit", "experts-limited", True),
@@ -76,8 +67,7 @@ def main(argv=None) -> int:
                 res = run_in_memory_cgroup(f"ktmoe_bench_btr_{len(rows)}", args.limit_mib * MiB, CHILD, child_args,
                                            timeout=900, env=env)
             else:
-                res = subprocess.run([sys.executable, "-c", CHILD, *map(str, child_args)], capture_output=True,
-                                     text=True, timeout=900, env={**os.environ, **env})
+                res = run_python(CHILD, child_args, timeout=900, env=env)
             if res.returncode == 0:
                 with open(out) as f:
                     rows[name] = json.load(f)

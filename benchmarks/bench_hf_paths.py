@@ -1,7 +1,7 @@
 """Peak and steady anonymous RSS of the ways into a Hugging Face model, on the demo checkpoint.
 
 ``python -m benchmarks.bench_hf_paths [--format bf16] [--layers 8 ...]`` builds the demo's random
-Qwen3-MoE checkpoint (``torch_ktmoe.demo.build_checkpoint``, bf16 safetensors), then loads it in one
+Qwen3-MoE checkpoint (``ktmoe_harness.checkpoint``, bf16 safetensors), then loads it in one
 child process per path and reports, per path: peak anonymous RSS (``RssAnon`` of
 /proc/self/status sampled every 2 ms from load to the end of generation), steady anonymous RSS (after
 generating, ``gc`` + ``malloc_trim``), file-backed RSS, time to ready (load + first forward) and
@@ -22,11 +22,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
+from ktmoe_harness.child import run_child
+from ktmoe_harness.options import add_model_arguments, add_run_arguments
 
 MiB = 1 << 20
 PATHS = ["dense", "experts_implementation", "experts_implementation, keep_dense", "patch_model",
@@ -57,7 +59,8 @@ class PeakSampler(threading.Thread):
         return max(self.peak, _rss_kib("RssAnon")) * 1024
 
 
-def run_child(args) -> None:
+def run_mode(args) -> None:
+    """Child process: load by one path, generate, write a JSON result."""
     import gc
 
     import torch
@@ -67,12 +70,12 @@ def run_child(args) -> None:
     from torch_ktmoe.memory import release_free_heap
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    if args.path == "experts_implementation, keep_dense":
+    if args.mode == "experts_implementation, keep_dense":
         os.environ["KTMOE_KEEP_DENSE"] = "1"
     os.environ["KTMOE_WEIGHT_FORMAT"] = args.format
     experts_dir = None
     if args.file_backed:
-        experts_dir = os.path.join(args.mmap_dir, "experts_" + args.path.replace(", ", "_").replace(".", "_"))
+        experts_dir = os.path.join(args.mmap_dir, "experts_" + args.mode.replace(", ", "_").replace(".", "_"))
         os.environ["KTMOE_MMAP_EXPERTS_DIR"] = experts_dir
     prompt = torch.randint(0, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     base_anon = _rss_kib("RssAnon") * 1024
@@ -80,11 +83,11 @@ def run_child(args) -> None:
     sampler.start()
     t0 = time.perf_counter()
     kw = dict(dtype=torch.bfloat16)
-    if args.path == "dense":
+    if args.mode == "dense":
         model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **kw)
-    elif args.path.startswith("experts_implementation"):
+    elif args.mode.startswith("experts_implementation"):
         model = AutoModelForCausalLM.from_pretrained(args.checkpoint, experts_implementation="ktmoe", **kw)
-    elif args.path == "patch_model":
+    elif args.mode == "patch_model":
         model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **kw)
         hf.patch_model(model, weight_format=args.format, mmap_experts_dir=experts_dir)
     else:
@@ -99,40 +102,31 @@ def run_child(args) -> None:
     peak = sampler.stop()
     gc.collect()
     release_free_heap()
-    out = dict(path=args.path, base_anon=base_anon, peak_anon=peak, steady_anon=_rss_kib("RssAnon") * 1024,
+    out = dict(path=args.mode, base_anon=base_anon, peak_anon=peak, steady_anon=_rss_kib("RssAnon") * 1024,
                file_rss=_rss_kib("RssFile") * 1024, ready_s=ready, tokens=seq[0, args.prompt_tokens:].tolist())
     with open(args.result, "w") as f:
         json.dump(out, f)
 
 
 def main(argv=None) -> int:
-    from torch_ktmoe.demo import add_demo_arguments, build_checkpoint
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_demo_arguments(ap)
+    add_model_arguments(ap)
+    add_run_arguments(ap, modes=PATHS)
     ap.add_argument("--file-backed", action="store_true", help="packed experts in MAP_SHARED files (fresh dir per path)")
-    ap.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.path is not None:
-        run_child(args)
+    if args.mode is not None:  # child: one path
+        run_mode(args)
         return 0
-    work = tempfile.mkdtemp(prefix="ktmoe_hf_paths_", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
+    work = make_workdir(args, "ktmoe_hf_paths_")
     try:
-        ckpt = args.checkpoint or os.path.join(work, "checkpoint")
-        if args.checkpoint is None:
-            build_checkpoint(args, ckpt)
+        ckpt = checkpoint_for(args, work)
         rows = []
         for path in PATHS:
-            result = os.path.join(work, "result.json")
-            cmd = [sys.executable, "-m", "benchmarks.bench_hf_paths", "--path", path, "--result", result,
-                   "--checkpoint", ckpt, "--format", args.format, "--tokens", str(args.tokens),
-                   "--prompt-tokens", str(args.prompt_tokens), "--mmap-dir", work]
-            cmd += (["--threads", str(args.threads)] if args.threads else []) + (["--file-backed"] if args.file_backed else [])
-            if subprocess.run(cmd).returncode != 0:
+            rows.append(run_child("benchmarks.bench_hf_paths", path, ckpt, work, args,
+                                  extra=["--file-backed"] if args.file_backed else []))
+            if rows[-1] is None:
                 print(f"{path}: child failed", file=sys.stderr)
                 return 1
-            with open(result) as f:
-                rows.append(json.load(f))
         ckpt_bytes = sum(os.path.getsize(os.path.join(ckpt, n)) for n in os.listdir(ckpt) if n.endswith(".safetensors"))
         print(f"\ncheckpoint {ckpt_bytes / MiB:.0f} MiB of bf16 safetensors, weight format {args.format}, "
               f"{'file-backed' if args.file_backed else 'anonymous'} packed experts, "

@@ -14,22 +14,21 @@ import time
 
 import torch
 
-from benchmarks.bench_moe import routings
+from ktmoe_harness.moe_inputs import random_experts, routings
 from torch_ktmoe import KTMoE
+from torch_ktmoe.ops import WEIGHT_FORMATS
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="bf16,int8,int4")
+    ap.add_argument("--formats", default=",".join(WEIGHT_FORMATS))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--calls", type=int, default=300)
     args = ap.parse_args(argv)
     E, k, H, I = 128, 8, 2048, 768
-    g = torch.Generator().manual_seed(0)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(torch.bfloat16)
-    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(torch.bfloat16)
+    gate_up, down = random_experts(E, H, I, dtype=torch.bfloat16)
     routes = routings(1, E, k, 16, seed=1)
-    x = torch.randn(1, H, generator=g).to(torch.bfloat16)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     print("| format | threads | bare op ms (median / min) | KTMoE.forward ms (median / min) | overhead |")
     print("| --- | --- | --- | --- | --- |")
     for fmt in args.formats.split(","):

@@ -2,7 +2,7 @@
 
 Run: python -m benchmarks.bench_memory [--layers 8 --hidden 1024 --intermediate 512 --experts 32 ...]
 
-Builds a random Qwen3-MoE checkpoint (torch_ktmoe.demo's builder and flags; the
+Builds a random Qwen3-MoE checkpoint (ktmoe_harness's builder and flags; the
 default packs ~768 MiB of bf16 experts), then loads it with
 torch_ktmoe.hf.from_pretrained in one child process per mode (anonymous, file)
 so each mode's memory figures are its own, and prints in one table:
@@ -30,12 +30,17 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
+from ktmoe_harness.child import run_child
+from ktmoe_harness.generate import generate, load_timed, seeded_prompt
+from ktmoe_harness.options import add_model_arguments, add_run_arguments
+
 MiB = 1 << 20
+MODES = ("anonymous", "file", "cached")  # child runs: anonymous experts, file-backed (packs the cache), cache hit
 
 
 def _forward_seconds(model, prompt):
@@ -67,8 +72,6 @@ def run_mode(args) -> int:
     import torch
 
     import torch_ktmoe
-    from torch_ktmoe import hf
-    from torch_ktmoe.demo import generate
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,10 +87,7 @@ def run_mode(args) -> int:
         AutoModelForCausalLM._model_mapping[type(config)]  # imports the modeling module: not load time
         import_s = time.perf_counter() - t0
         before = torch_ktmoe.memory_report()
-        t0 = time.perf_counter()
-        model = hf.from_pretrained(args.checkpoint, mmap_experts_dir=experts_dir, weight_format=args.format,
-                                   dtype=torch.bfloat16, progress=False)
-        load_s = time.perf_counter() - t0
+        model, load_s = load_timed(args.checkpoint, experts_dir, args.format)
         model.eval()
         after = torch_ktmoe.memory_report()
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed dense staging buffers that glibc keeps in its heap
@@ -95,8 +95,7 @@ def run_mode(args) -> int:
         packed = model.ktmoe_report.packed_bytes
         layers = [m for m in model.modules() if isinstance(m, torch_ktmoe.KTMoE)]
         cache_hits = sum(m.cache_hit for m in layers)
-        prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens),
-                               generator=torch.Generator().manual_seed(1))
+        prompt = seeded_prompt(model.config.vocab_size, args.prompt_tokens)
         if args.mode == "cached":  # time to ready only, and the same tokens
             tokens, _, _, _ = generate(model, prompt, args.tokens, progress=False)
             with open(args.result, "w") as f:
@@ -180,10 +179,9 @@ def _table(a, f, cached):
 
 
 def main(argv=None) -> int:
-    from torch_ktmoe.demo import add_demo_arguments, checkpoint_for, child_command, make_workdir
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_demo_arguments(ap)
+    add_model_arguments(ap)
+    add_run_arguments(ap, modes=MODES)
     ap.add_argument("--drop", choices=["auto", "drop_caches", "evict"], default="auto",
                     help="how to make the experts cold: evict the arenas, plus drop_caches (auto: when root)")
     ap.add_argument("--experts-dir", help=argparse.SUPPRESS)  # child: kept cache directory
@@ -196,17 +194,13 @@ def main(argv=None) -> int:
         results = {}
         experts_dir = os.path.join(work, "experts-cache")
         os.makedirs(experts_dir)
-        for mode in ("anonymous", "file", "cached"):
+        for mode in MODES:
             print(f"[{mode}] loading and measuring ...", flush=True)
-            out = os.path.join(work, f"{mode}.json")
-            cmd = child_command("benchmarks.bench_memory", mode, out, checkpoint, work, args) + ["--drop", args.drop]
-            if mode != "anonymous":
-                cmd += ["--experts-dir", experts_dir]
-            if subprocess.run(cmd).returncode != 0:
+            extra = ["--drop", args.drop] + (["--experts-dir", experts_dir] if mode != "anonymous" else [])
+            results[mode] = run_child("benchmarks.bench_memory", mode, checkpoint, work, args, extra=extra)
+            if results[mode] is None:
                 print(f"bench_memory: the {mode} run failed", file=sys.stderr)
                 return 1
-            with open(out) as f:
-                results[mode] = json.load(f)
         a, f, c = results["anonymous"], results["file"], results["cached"]
         print(f"\nweight format {args.format}, ISA {a['isa']}, {a['threads']} threads, {args.prompt_tokens}-token "
               f"prompt, {args.tokens} new tokens, cold start by {f['drop_method']}\n")

@@ -34,6 +34,7 @@ import torch_ktmoe
 from benchmarks import llama_peer
 from benchmarks.roofs import (compute_roof_gflops, compute_roof_instruction, matmul_roof_gflops, read_roof_gbps,
                               read_roof_isa)
+from ktmoe_harness.moe_inputs import routings
 from torch_ktmoe import ops
 
 SHAPES = {  # name: (E, k, H, I)
@@ -43,17 +44,6 @@ SHAPES = {  # name: (E, k, H, I)
 }
 FORMATS = ops.WEIGHT_FORMATS
 ROUTINGS = 16  # distinct routings cycled through per (shape, T)
-
-
-def routings(tokens, experts, top_k, count, seed):
-    """``count`` routings: (ids [T, k] int64, weights [T, k] fp32 summing to 1 per token)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(count):
-        ids = torch.rand(tokens, experts, generator=g).argsort(dim=1)[:, :top_k].contiguous()
-        w = torch.rand(tokens, top_k, generator=g) + 0.1
-        out.append((ids, (w / w.sum(1, keepdim=True)).contiguous()))
-    return out
 
 
 def time_calls(fn, routes, reps, start):

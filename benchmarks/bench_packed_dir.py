@@ -14,13 +14,18 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
+from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
+from ktmoe_harness.child import run_child
+from ktmoe_harness.options import add_model_arguments, add_run_arguments
 
-def run_child(args) -> None:
+TARGETS = ("checkpoint", "packed")  # what a child loads: the checkpoint (stream + pack) or the packed directory
+
+
+def run_mode(args) -> None:
+    """Child process: from_pretrained of one target, one forward; load/ready seconds and the logits."""
     import torch
     import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401  (import excluded from the clock)
 
@@ -28,7 +33,7 @@ def run_child(args) -> None:
 
     prompt = torch.arange(1, 33)[None]
     t0 = time.perf_counter()
-    kw = {} if args.target == "packed" else dict(weight_format=args.format)
+    kw = {} if args.mode == "packed" else dict(weight_format=args.format)
     model = hf.from_pretrained(args.checkpoint, dtype=torch.bfloat16, progress=False, **kw)
     loaded = time.perf_counter() - t0
     with torch.no_grad():
@@ -36,46 +41,39 @@ def run_child(args) -> None:
     ready = time.perf_counter() - t0
     torch.save(out, args.result + ".pt")
     with open(args.result, "w") as f:
-        json.dump(dict(load_s=loaded, ready_s=ready), f)
+        json.dump(dict(load_s=loaded, ready_s=ready, logits=args.result + ".pt"), f)
 
 
 def main(argv=None) -> int:
-    from torch_ktmoe.demo import add_demo_arguments, build_checkpoint
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_demo_arguments(ap)
+    add_model_arguments(ap)
+    add_run_arguments(ap, modes=TARGETS)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--target", choices=["checkpoint", "packed"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.target:
-        run_child(args)
+    if args.mode is not None:  # child: one target
+        run_mode(args)
         return 0
     import torch
 
     import torch_ktmoe.hf as hf
 
-    work = tempfile.mkdtemp(prefix="ktmoe_packed_dir_", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
+    work = make_workdir(args, "ktmoe_packed_dir_")
     try:
-        ckpt, packed = os.path.join(work, "checkpoint"), os.path.join(work, "packed")
-        build_checkpoint(args, ckpt)
+        ckpt, packed = checkpoint_for(args, work), os.path.join(work, "packed")
         t0 = time.perf_counter()
         hf.save_packed(hf.from_pretrained(ckpt, dtype=torch.bfloat16, weight_format=args.format, progress=False), packed)
         print(f"hf.save_packed: {time.perf_counter() - t0:.2f} s (stream + pack + write)")
         times = {(t, m): [] for t in ("checkpoint", "packed") for m in ("load_s", "ready_s")}
         outs = {}
         for _ in range(args.reps):
-            for target, path in (("checkpoint", ckpt), ("packed", packed)):
-                result = os.path.join(work, f"{target}.json")
-                cmd = [sys.executable, "-m", "benchmarks.bench_packed_dir", "--target", target, "--checkpoint", path,
-                       "--format", args.format, "--result", result]
-                if subprocess.run(cmd, stderr=subprocess.DEVNULL).returncode != 0:
+            for target, path in zip(TARGETS, (ckpt, packed)):
+                r = run_child("benchmarks.bench_packed_dir", target, path, work, args, quiet=True)
+                if r is None:
                     print(f"{target}: child failed", file=sys.stderr)
                     return 1
-                with open(result) as f:
-                    r = json.load(f)
                 for m in ("load_s", "ready_s"):
                     times[(target, m)].append(r[m])
-                outs[target] = torch.load(result + ".pt")
+                outs[target] = torch.load(r["logits"])
         med = {k: statistics.median(v) for k, v in times.items()}
         low = {k: min(v) for k, v in times.items()}
         print(f"\nweight format {args.format}, {args.reps} alternating runs each, fresh process per run\n")

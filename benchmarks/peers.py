@@ -41,8 +41,10 @@ Notes on kt-kernel (its Python wrapper ``KTMoEWrapper`` needs CUDA, so we drive 
   ``CPUInfer(2)`` is oversubscribed.  A live CPUInfer also burns one core while idle, so ``close()``
   each kt-kernel peer before timing anything else.
 
-Run the benchmark:  python benchmarks/peers.py            (reference shape, T in {1, 512}, threads 1, 2)
-                    python benchmarks/peers.py --quick    (fewer repetitions)
+Run the benchmark:  python -m benchmarks.peers            (reference shape, T in {1, 512}, threads 1, 2)
+                    python -m benchmarks.peers --quick    (fewer repetitions)
+
+The inputs come from ktmoe_harness.moe_inputs, the accuracy reference and metric from torch_ktmoe.reference.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ import sys
 import time
 
 import torch
+
+from ktmoe_harness.moe_inputs import random_experts, random_routing
+from torch_ktmoe.reference import moe_reference, relative_error
 
 # kt-kernel MoE class per weight format.
 KT_FORMATS = {"bf16": "AMXBF16_MOE", "int8": "AMXInt8_MOE", "int4": "AMXInt4_MOE"}
@@ -282,45 +287,6 @@ def make_hf_experts(impl, E, k, H, I, gate_up, down):
     return forward
 
 
-# ----------------------------------------------------------------------------------------------- reference
-
-
-def reference_moe(x, ids, weights, gate, up, down):
-    """Plain fp32 MoE: sum_j w[t,j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])), e = ids[t,j]."""
-    T, k = ids.shape
-    xf = x.float()
-    out = torch.zeros(T, x.shape[1], dtype=torch.float32)
-    flat = ids.reshape(-1)
-    for e in torch.unique(flat).tolist():
-        pos = (flat == e).nonzero().squeeze(1)
-        tok = pos // k
-        h = xf[tok]
-        a = torch.nn.functional.silu(h @ gate[e].float().T) * (h @ up[e].float().T)
-        y = (a @ down[e].float().T) * weights.reshape(-1)[pos].float().unsqueeze(1)
-        out.index_add_(0, tok, y)
-    return out
-
-
-def rel_err(out, ref):
-    """mean|out - ref| / mean|ref|  (the metric kt-kernel's own tests use)."""
-    return ((out.float() - ref).abs().mean() / ref.abs().mean()).item()
-
-
-def random_routing(T, E, k, generator):
-    """Uniform top-k distinct experts per token; weights positive and normalised to sum 1 (fp32)."""
-    ids = torch.rand(T, E, generator=generator).argsort(dim=1)[:, :k].contiguous()
-    w = torch.rand(T, k, generator=generator) + 0.1
-    return ids, (w / w.sum(dim=1, keepdim=True)).contiguous()
-
-
-def make_weights(E, H, I, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    gate = torch.randn(E, I, H, generator=g, dtype=torch.bfloat16).mul_(H ** -0.5)
-    up = torch.randn(E, I, H, generator=g, dtype=torch.bfloat16).mul_(H ** -0.5)
-    down = torch.randn(E, H, I, generator=g, dtype=torch.bfloat16).mul_(I ** -0.5)
-    return gate, up, down
-
-
 # ----------------------------------------------------------------------------------------------- benchmark
 
 
@@ -378,7 +344,8 @@ def main(argv=None):
         return 0
 
     t0 = time.perf_counter()
-    gate, up, down = make_weights(E, H, I, args.seed)
+    gate_up, down = random_experts(E, H, I, dtype=torch.bfloat16, seed=args.seed)
+    gate, up = gate_up[:, :I].contiguous(), gate_up[:, I:].contiguous()  # kt-kernel takes them apart
     g = torch.Generator().manual_seed(args.seed + 1)
     n_routings = 8
     inputs = {}
@@ -386,13 +353,13 @@ def main(argv=None):
         inputs[T] = []
         for _ in range(n_routings):
             x = torch.randn(T, H, generator=g).to(torch.bfloat16)
-            ids, w = random_routing(T, E, k, g)
+            ids, w = random_routing(T, E, k, generator=g)
             inputs[T].append((x, ids, w))
     acc_in = None
     if args.acc_tokens > 0:
         x = torch.randn(args.acc_tokens, H, generator=g).to(torch.bfloat16)
-        ids, w = random_routing(args.acc_tokens, E, k, g)
-        acc_in = (x, ids, w, reference_moe(x, ids, w, gate, up, down))
+        ids, w = random_routing(args.acc_tokens, E, k, generator=g)
+        acc_in = (x, ids, w, moe_reference(x, ids, w, gate_up, down))
     print(f"setup {time.perf_counter() - t0:.1f} s")
 
     def reps_for(T):
@@ -413,7 +380,7 @@ def main(argv=None):
                 t_load = time.perf_counter() - t1
                 try:
                     if acc_in is not None and name not in accuracy:
-                        accuracy[name] = rel_err(moe(*acc_in[:3]), acc_in[3])
+                        accuracy[name] = relative_error(moe(*acc_in[:3]), acc_in[3])
                     for T in tokens:
                         results[name][(T, th)] = _time(moe, inputs[T], *reps_for(T))
                 finally:
@@ -422,12 +389,10 @@ def main(argv=None):
                       + ", ".join(f"T={T} {_fmt(results[name][(T, th)])}" for T in tokens), flush=True)
         else:
             impl = name.split()[-1]
-            gate_up = torch.cat([gate, up], dim=1)
             fwd = make_hf_experts(impl, E, k, H, I, gate_up, down)
-            del gate_up
             try:
                 if acc_in is not None:
-                    accuracy[name] = rel_err(fwd(*acc_in[:3]), acc_in[3])
+                    accuracy[name] = relative_error(fwd(*acc_in[:3]), acc_in[3])
                 for th in threads:
                     torch.set_num_threads(th)
                     for T in tokens:

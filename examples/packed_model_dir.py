@@ -18,9 +18,10 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # from a checkout
 from torch_ktmoe import hf  # noqa: E402
+from torch_ktmoe.ops import WEIGHT_FORMATS  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--format", default="bf16", choices=["bf16", "int8", "int4"])
+parser.add_argument("--format", default="bf16", choices=WEIGHT_FORMATS)
 args = parser.parse_args()
 
 torch.manual_seed(0)

@@ -1,8 +1,8 @@
-"""pytest face of torch_ktmoe.memcg: skip (with the reason) where a memory cgroup cannot be made."""
+"""pytest face of ktmoe_harness.memcg: skip (with the reason) where a memory cgroup cannot be made."""
 import pytest
 
-from torch_ktmoe.memcg import CGROUP_ROOT, MemoryCgroupUnavailable, memory_cgroup_available
-from torch_ktmoe.memcg import run_in_memory_cgroup as _run
+from ktmoe_harness.memcg import CGROUP_ROOT, MemoryCgroupUnavailable, memory_cgroup_available
+from ktmoe_harness.memcg import run_in_memory_cgroup as _run
 
 needs_memory_cgroup = pytest.mark.skipif(
     not memory_cgroup_available(),
@@ -10,7 +10,7 @@ needs_memory_cgroup = pytest.mark.skipif(
 
 
 def run_in_memory_cgroup(name, limit, code, args=(), timeout=300, env=None):
-    """torch_ktmoe.memcg.run_in_memory_cgroup, skipping the test when no cgroup can be made."""
+    """ktmoe_harness.memcg.run_in_memory_cgroup, skipping the test when no cgroup can be made."""
     try:
         return _run(name, limit, code, args, timeout, env)
     except MemoryCgroupUnavailable as exc:

@@ -1,4 +1,4 @@
-"""Shared test setup: import path, seeds, the accuracy table, the ISA fixture."""
+"""Shared test setup: import path, seeds, the accuracy table, the ISA fixture; random experts and routings."""
 import os
 import sys
 
@@ -10,6 +10,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import torch_ktmoe  # noqa: E402
+from ktmoe_harness.moe_inputs import random_experts, random_routing  # noqa: E402,F401  (tests import them from here)
 
 # mean|out - ref| / mean|ref| against the fp32 reference on random Gaussian
 # experts (weights ~ N(0, 1/fan_in)): the bound each format must meet.
@@ -29,22 +30,3 @@ def isa(request):
     """Runs the test once per ISA this CPU and build can run (this thread's calls only; the default is untouched)."""
     with torch_ktmoe.isa_scope(request.param):
         yield request.param
-
-
-def random_experts(experts, hidden, inter, dtype=torch.float32, seed=0):
-    """gate_up [E, 2I, H], down [E, H, I] ~ N(0, 1/fan_in)."""
-    g = torch.Generator().manual_seed(seed)
-    gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
-    down = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
-    return gate_up.to(dtype), down.to(dtype)
-
-
-def random_routing(tokens, experts, top_k, seed=0, masked=0.0):
-    """Distinct expert ids per token (a fraction `masked` set to -1) and softmax weights."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]) \
-        if tokens else torch.empty(0, top_k, dtype=torch.long)
-    if masked and tokens:
-        ids[torch.rand(ids.shape, generator=g) < masked] = -1
-    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
-    return ids, weights

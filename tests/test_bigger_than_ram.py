@@ -17,13 +17,12 @@ to the kernel at once instead of keeping it in the heap (otherwise ~80 MiB of
 freed heap stays charged to the cgroup). Writeback needed no help: pack_experts
 starts writeback after each layer and dirty + writeback pages peaked at ~45 MiB.
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from ktmoe_harness.checkpoint import build_checkpoint
+from ktmoe_harness.child import run_python
+from ktmoe_harness.options import ModelShape
 from tests.cgroup_utils import needs_memory_cgroup, run_in_memory_cgroup
 
 transformers = pytest.importorskip("transformers")
@@ -31,7 +30,7 @@ transformers = pytest.importorskip("transformers")
 MiB = 1 << 20
 LIMIT = 400 * MiB
 # 17 layers x 64 experts x (3 x 512 x 256) bf16 = 816 MiB packed, 2.04x LIMIT; the rest ~20 MiB
-SHAPE = dict(layers=17, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
+SHAPE = ModelShape(layers=17, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
 PROMPT = [3, 17, 42, 8, 99]
 NEW_TOKENS = 3
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}
@@ -40,7 +39,7 @@ CHILD = """
 import sys, torch
 import torch_ktmoe
 from torch_ktmoe import hf
-from torch_ktmoe.demo import generate
+from ktmoe_harness.generate import generate
 checkpoint, experts_dir, out = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.set_num_threads(2)
 model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dtype=torch.bfloat16, progress=False)
@@ -51,36 +50,15 @@ print("COMPLETED", r["arena_file_backed_bytes"], r["arena_fallbacks"], r["major_
 """ % (PROMPT, NEW_TOKENS)
 
 
-def _build_checkpoint(path):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    s = SHAPE
-    config = Qwen3MoeConfig(
-        vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=4,
-        num_key_value_heads=1, head_dim=128, intermediate_size=4 * s["hidden"],
-        moe_intermediate_size=s["intermediate"], num_experts=s["experts"], num_experts_per_tok=s["top_k"],
-        decoder_sparse_step=1, max_position_embeddings=256, tie_word_embeddings=False,
-        pad_token_id=0, bos_token_id=None, eos_token_id=None)
-    default = torch.get_default_dtype()
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Qwen3MoeForCausalLM(config)
-    finally:
-        torch.set_default_dtype(default)
-    model.save_pretrained(path)
-
-
 @needs_memory_cgroup
 def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp_path):
     checkpoint = tmp_path / "checkpoint"
-    _build_checkpoint(checkpoint)  # outside the cgroup: its page cache is not charged to the child
+    build_checkpoint(SHAPE, checkpoint)  # outside the cgroup: its page cache is not charged to the child
     experts_dir = tmp_path / "experts"
     experts_dir.mkdir()
 
     ref_out = tmp_path / "ref.pt"
-    ref = subprocess.run([sys.executable, "-c", CHILD, str(checkpoint), "", str(ref_out)], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **CHILD_ENV})
+    ref = run_python(CHILD, [checkpoint, "", ref_out], env=CHILD_ENV)
     assert ref.returncode == 0, ref.stdout + ref.stderr
     reference = torch.load(ref_out)
     assert reference["packed"] >= 2 * LIMIT, "the model is too small to prove anything"

@@ -4,6 +4,7 @@ import torch
 
 import torch_ktmoe
 from torch_ktmoe import KTMoE, reference
+from torch_ktmoe.ops import WEIGHT_FORMATS
 from tests.conftest import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
 E, K, H, I = 8, 2, 64, 48
@@ -16,7 +17,7 @@ def make_layer(fmt="bf16", **kwargs):
     return layer, gate_up, down
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
 def test_forward_matches_reference(fmt):
     layer, gate_up, down = make_layer(fmt)
     x = torch.randn(11, H)

@@ -7,7 +7,7 @@ import torch_ktmoe
 from torch_ktmoe import ops, reference
 from tests.conftest import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
-FORMATS = ["bf16", "int8", "int4"]
+FORMATS = ops.WEIGHT_FORMATS
 
 # (E, k, H, I, T): T in {0, 1, 7, >= 512}; odd H / I exercise the padding.
 GRID = [

@@ -1,65 +1,39 @@
-"""Builds and runs the torch-free native kernel tests (tests/native/test_kernels.cpp).
+"""Builds and runs the torch-free native kernel tests (tests/native/: main.cpp and one file per kernel family).
 
 The program checks the packed format, every ISA micro-kernel table the CPU can
 run (generic always; avx2 / avx512 when cpuid says so and the table is complete)
 and the MoE driver, and prints one line per check and "N passed, M failed".
-It is compiled here with g++ and the same per-directory ISA flags as the
-extension: csrc/kernels/avx2/ and csrc/kernels/avx512/ get their ISA flags,
-everything else none.
+It is compiled by native_build.ninja_build, the extension's own flags table and
+driver (setup.py): csrc/kernels/avx2/ and csrc/kernels/avx512/ get their ISA
+flags, everything else none; into build/native_tests, so a rerun compiles only
+what changed.
 """
-import concurrent.futures
-import glob
-import json
-import os
 import shutil
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CSRC = os.path.join(ROOT, "csrc")
-
-with open(os.path.join(CSRC, "isa_flags.json")) as _f:
-    ISA_FLAGS = json.load(_f)
-AVX2_FLAGS, AVX512_FLAGS = ISA_FLAGS["avx2"], ISA_FLAGS["avx512"]
+from native_build import CSRC, ROOT, NinjaBuildError, ninja_build, torch_free_sources
 
 
 def _sources():
-    """(source, ISA flags) of the torch-free code the native test links."""
-    k = os.path.join(CSRC, "kernels")
-    plain = ([os.path.join(CSRC, "common", "cpu_features.cpp")]
-             + sorted(glob.glob(os.path.join(k, "*.cpp")))
-             + sorted(glob.glob(os.path.join(k, "generic", "*.cpp")))
-             + [os.path.join(ROOT, "tests", "native", "test_kernels.cpp")])
-    return ([(s, []) for s in plain]
-            + [(s, AVX2_FLAGS) for s in sorted(glob.glob(os.path.join(k, "avx2", "*.cpp")))]
-            + [(s, AVX512_FLAGS) for s in sorted(glob.glob(os.path.join(k, "avx512", "*.cpp")))])
-
-
-def _compile(cxx, src, flags, obj):
-    cmd = [cxx, "-O2", "-std=c++17", "-I" + CSRC, *flags, "-c", src, "-o", obj]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    return src, r.returncode, r.stderr
+    """The torch-free code the native test links (kernels and cpu features, no arena), and the tests."""
+    kernels = [s for s in torch_free_sources()
+               if s.is_relative_to(CSRC / "kernels") or s == CSRC / "common" / "cpu_features.cpp"]
+    return kernels + sorted((ROOT / "tests" / "native").glob("*.cpp"))
 
 
 @pytest.fixture(scope="module")
-def native_test_binary(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ not found: the native kernel tests need a C++17 compiler")
-    out = tmp_path_factory.mktemp("native")
-    jobs = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for i, (src, flags) in enumerate(_sources()):
-            obj = str(out / f"{i:02d}_{os.path.basename(src)}.o")
-            jobs.append((obj, pool.submit(_compile, cxx, src, flags, obj)))
-    errors = [f"{src}:\n{err}" for _, f in jobs for src, rc, err in [f.result()] if rc != 0]
-    assert not errors, "compiling the native tests failed:\n" + "\n".join(errors)
-    exe = str(out / "test_kernels")
-    r = subprocess.run([cxx, "-o", exe, *[obj for obj, _ in jobs], "-pthread"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, "linking the native tests failed:\n" + r.stderr
-    return exe
+def native_test_binary():
+    for tool in ("g++", "ninja"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not found: the native kernel tests need it")
+    build_dir = ROOT / "build" / "native_tests"
+    try:
+        ninja_build(build_dir, _sources(), executable="test_kernels", link_flags=["-pthread"], capture=True)
+    except NinjaBuildError as exc:
+        pytest.fail(f"building the native tests failed: {exc}")
+    return str(build_dir / "test_kernels")
 
 
 def test_native_kernels(native_test_binary):

@@ -10,7 +10,7 @@ E, K, H, I, T = 6, 2, 96, 64, 5
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ops.WEIGHT_FORMATS)
 def test_nonfinite_activation_row_stays_nonfinite(isa, fmt, bad):
     gate_up, down = random_experts(E, H, I)
     w13, w2 = ops.pack_experts(gate_up, down, fmt)
@@ -26,7 +26,7 @@ def test_nonfinite_activation_row_stays_nonfinite(isa, fmt, bad):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ops.WEIGHT_FORMATS)
 @pytest.mark.parametrize("which", ["gate_up", "down"])
 def test_nonfinite_weight_refused_at_pack_time(fmt, bad, which):
     gate_up, down = random_experts(E, H, I)

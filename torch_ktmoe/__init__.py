@@ -17,3 +17,17 @@ __version__ = "0.1.0"
 
 __all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "set_isa", "isa_scope", "active_isa",
            "available_isas", "__version__"]
+
+_LAZY_SUBMODULES = ("hf",)  # imported on first attribute access: hf imports transformers
+
+
+def __getattr__(name):  # PEP 562
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)  # also binds it as an attribute of this module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -3,6 +3,8 @@ import argparse
 import os
 import sys
 
+from torch_ktmoe.ops import WEIGHT_FORMATS
+
 
 def cmd_info(args) -> int:
     import torch
@@ -20,9 +22,15 @@ def cmd_info(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from torch_ktmoe.demo import run_demo
+    """The demo lives beside the package in a source checkout (ktmoe_harness/demo.py), not in the install."""
+    import importlib.util
 
-    return run_demo(args)
+    if importlib.util.find_spec("ktmoe_harness") is None:
+        print("demo: the demo runs from a source checkout of torch_ktmoe: `make demo` there", file=sys.stderr)
+        return 2
+    from ktmoe_harness import demo
+
+    return demo.main(args.demo_args)
 
 
 def _pack_problem(checkpoint: str, directory: str) -> str:
@@ -99,17 +107,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_ktmoe", description="torch_ktmoe command line")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="version, torch, ISA chosen and available, threads").set_defaults(func=cmd_info)
-    demo = sub.add_parser("demo", help="patch a Qwen3-MoE-shaped model and generate, anonymous vs file-backed")
-    try:
-        from torch_ktmoe.demo import add_demo_arguments
-        add_demo_arguments(demo)
-    except ImportError:
-        pass
+    demo = sub.add_parser("demo", add_help=False,  # its flags: python -m torch_ktmoe demo --help
+                          help="patch a Qwen3-MoE-shaped model and generate, anonymous vs file-backed")
     demo.set_defaults(func=cmd_demo)
     pack = sub.add_parser("pack", help="prebuild the packed expert cache files of a checkpoint into DIR")
     pack.add_argument("checkpoint", help="checkpoint directory (or hub id) with *.safetensors")
     pack.add_argument("dir", help="cache directory (mmap_experts_dir of later runs)")
-    pack.add_argument("--format", default="bf16", choices=("bf16", "int8", "int4"))
+    pack.add_argument("--format", default="bf16", choices=WEIGHT_FORMATS)
     pack.add_argument("--group-size", type=int, default=0, help="int4 group size (0: 32)")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.set_defaults(func=cmd_pack)
@@ -119,7 +123,11 @@ def main(argv=None) -> int:
     insp.add_argument("--verify", action="store_true",
                       help="also compare every tensor's data checksum (reads every byte)")
     insp.set_defaults(func=cmd_inspect)
-    args = ap.parse_args(argv)
+    args, rest = ap.parse_known_args(argv)
+    if args.func is cmd_demo:
+        args.demo_args = rest  # parsed by the demo itself
+    elif rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

@@ -3,8 +3,9 @@ import resource
 
 from ._native import _C
 
+# FilePmdMapped: file pages mapped 2 MiB at a time (WeightArena(hugepage=True) on a filesystem that can)
 _SMAPS_FIELDS = ("Rss", "Anonymous", "Private_Clean", "Private_Dirty", "Shared_Clean",
-                 "Shared_Dirty", "Swap")
+                 "Shared_Dirty", "Swap", "FilePmdMapped")
 
 
 def _smaps_rollup(path="/proc/self/smaps_rollup") -> dict:

@@ -6,8 +6,9 @@ killer ends the child, returncode -9), clean file-backed pages can.
 """
 import os
 import subprocess
-import sys
 import time
+
+from ktmoe_harness.child import run_python
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
@@ -23,8 +24,9 @@ def memory_cgroup_available() -> bool:
 def run_in_memory_cgroup(name, limit, code, args=(), timeout=300, env=None) -> subprocess.CompletedProcess:
     """Runs python `code` (sys.argv[1:] = args) in a new v1 memory cgroup of `limit` bytes, no swap.
 
-    `env` adds to the inherited environment (PYTHONPATH is set to this sys.path).
-    Raises MemoryCgroupUnavailable when the cgroup cannot be made; removes it after.
+    As child.run_python (output captured, PYTHONPATH = this sys.path, `env` added), but the
+    child joins the cgroup before running `code`. Raises MemoryCgroupUnavailable when the
+    cgroup cannot be made; removes it after.
     """
     path = os.path.join(CGROUP_ROOT, name)
     try:
@@ -38,10 +40,8 @@ def run_in_memory_cgroup(name, limit, code, args=(), timeout=300, env=None) -> s
         if os.path.exists(memsw):
             with open(memsw, "w") as f:
                 f.write(str(limit))
-        wrapper = f"import os\nopen({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n" + code
-        return subprocess.run([sys.executable, "-c", wrapper, *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
+        join = f"import os\nopen({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+        return run_python(join + code, args, timeout=timeout, env=env)
     finally:
         for _ in range(50):  # the cgroup empties once the child is reaped
             try:

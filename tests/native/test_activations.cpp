@@ -1,0 +1,117 @@
+// silu_mul and swiglu_oai (against double, edge values, NaN) and quantize_rows (exact: q, scale, group sums, ties,
+// zero and non-finite rows, nothing written past the ends).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "check.h"
+#include "tests.h"
+
+namespace ktmoe_test {
+
+using namespace ktmoe;
+
+void test_silu(const IsaKernels& isa, Rng& rng) {
+  std::vector<float> g = {0.f, -0.f, 1e-3f, -1e-3f, 1.f, -1.f, 10.f, -10.f, 20.f, -20.f, 88.f, -88.f,
+                          100.f, -100.f, 1e30f, -1e30f};
+  while (g.size() < 1037) g.push_back(float(rng.gauss() * 4));
+  std::vector<float> u(g.size());
+  for (auto& v : u) v = float(rng.gauss());
+  u[0] = 0.f;
+  double worst = 0;
+  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
+    std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
+    isa.silu_mul(g.data(), u.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ref = ref_silu(g[i]) * u[i];
+      const double tol = 1e-5 * std::fabs(ref) + 1e-30;
+      const double err = std::fabs(h[i] - ref);
+      worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
+    }
+    if (h[n] != -7.f) worst = 1e30;
+  }
+  CHECK(worst <= 1.0, strf("silu_mul [%s] n={1,16,37,1037} incl. +-0, +-88, +-100, +-1e30: max err/tol %.3f (rel tol 1e-5)",
+                           isa.name, worst));
+}
+
+// gpt-oss's clamped SwiGLU against a double-precision evaluation of its definition,
+// including values at and around the clamps, huge values and NaN (must stay NaN).
+void test_swiglu_oai(const IsaKernels& isa, Rng& rng) {
+  const float alpha = 1.702f, limit = 7.f, nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> g = {0.f, -0.f, 6.99f, 7.f, 7.01f, -7.01f, 50.f, -50.f, 100.f, -100.f, 1e30f, -1e30f, nan, 1.f};
+  std::vector<float> u = {0.f, 7.01f, -7.01f, 1e30f, -1e30f, -1.f, 6.99f, -6.99f, 3.f, -3.f, 0.5f, nan, 1.f, nan};
+  while (g.size() < 1037) g.push_back(float(rng.gauss() * 6));
+  while (u.size() < g.size()) u.push_back(float(rng.gauss() * 6));
+  double worst = 0;
+  bool nan_kept = true;
+  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
+    std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
+    isa.swiglu_oai(g.data(), u.data(), h.data(), n, alpha, limit);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(g[i]) || std::isnan(u[i])) {
+        nan_kept &= std::isnan(h[i]);
+        continue;
+      }
+      const double gc = std::min<double>(g[i], limit), uc = std::min<double>(std::max<double>(u[i], -limit), limit);
+      const double glu = gc / (1 + std::exp(-double(alpha) * gc)), ref = glu * (uc + 1);
+      const double tol = 1e-5 * (std::fabs(ref) + std::fabs(glu)) + 1e-30;  // (u + 1) rounds in fp32
+      const double err = std::fabs(h[i] - ref);
+      worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
+    }
+    if (h[n] != -7.f) worst = 1e30;
+  }
+  CHECK(worst <= 1.0 && nan_kept,
+        strf("swiglu_oai [%s] n={1,16,37,1037} incl. the clamps, +-1e30: max err/tol %.3f (rel tol 1e-5), NaN %s",
+             isa.name, worst, nan_kept ? "kept" : "LOST"));
+}
+
+void test_quantize(const IsaKernels& isa, Rng& rng) {
+  int64_t bad = 0, cases = 0;
+  for (int64_t k : {1, 31, 200}) {
+    const int64_t kp = round_up(k, 32);
+    for (int64_t group : {int64_t(32), kp}) {
+      for (int64_t m : {1, 3, 17}) {
+        const int64_t ldx = k + 3, ldq = kp + 16, ng = kp / group, gld = ng + 2;
+        std::vector<float> x(static_cast<size_t>(m * ldx), 1e9f);  // junk past k must be ignored
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < k; ++c) x[size_t(r * ldx + c)] = float(rng.gauss() * (r + 1));
+        if (m > 1)  // an all-zero row: scale 1, q 0
+          for (int64_t c = 0; c < k; ++c) x[size_t(1 * ldx + c)] = 0.f;
+        if (m > 4) {  // non-finite rows: a NaN in the last (tail) column, an Inf in the first
+          x[size_t(3 * ldx + k - 1)] = std::numeric_limits<float>::quiet_NaN();
+          x[size_t(4 * ldx)] = -std::numeric_limits<float>::infinity();
+        }
+        if (m > 2 && k >= 31) {  // ties: scale exactly 1, x = +-n.5 round away from zero
+          const float ties[] = {127.f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, -1.5f, 126.5f, -126.5f, 0.49999997f};
+          for (int i = 0; i < 10; ++i) x[size_t(2 * ldx + i)] = ties[i];
+          for (int64_t c = 10; c < k; ++c) x[size_t(2 * ldx + c)] = float(c % 7) - 3.f;
+        }
+        std::vector<int8_t> q(static_cast<size_t>(m * ldq), int8_t(99));
+        std::vector<float> s(static_cast<size_t>(m) + 1, -1.f);
+        std::vector<int32_t> gs(static_cast<size_t>(m * gld), 12345);
+        isa.quantize_rows(x.data(), ldx, m, k, kp, group, q.data(), ldq, s.data(), gs.data(), gld);
+        for (int64_t r = 0; r < m; ++r) {
+          std::vector<int8_t> rq(static_cast<size_t>(kp));
+          const float rs = ref_quantize_row(x.data() + r * ldx, k, kp, rq.data());
+          bad += bits_of(s[r]) != bits_of(rs);
+          for (int64_t c = 0; c < kp; ++c) bad += q[size_t(r * ldq + c)] != rq[c];
+          for (int64_t c = kp; c < ldq; ++c) bad += q[size_t(r * ldq + c)] != 99;
+          for (int64_t G = 0; G < ng; ++G) {
+            int32_t sum = 0;
+            for (int64_t c = G * group; c < (G + 1) * group; ++c) sum += rq[c];
+            bad += gs[size_t(r * gld + G)] != sum;
+          }
+          for (int64_t G = ng; G < gld; ++G) bad += gs[size_t(r * gld + G)] != 12345;
+        }
+        bad += s[m] != -1.f;
+        ++cases;
+      }
+    }
+  }
+  CHECK(bad == 0, strf("quantize_rows [%s] %lld shapes (k={1,31,200}, group={32,kp}, M={1,3,17}, "
+                       "zero row, .5 ties, NaN/Inf rows): q, scale, group sums exact (mismatches %lld)",
+                       isa.name, (long long)cases, (long long)bad));
+}
+
+}  // namespace ktmoe_test

@@ -1,0 +1,38 @@
+// The native test groups, one file each, called in this order by main.cpp (one random stream
+// runs through all of them, so the order fixes the data).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "isa_tables.h"
+#include "reference.h"
+
+namespace ktmoe_test {
+
+using namespace ktmoe;
+
+// test_pack.cpp: headers, every byte of packed blobs, the int4 group search, bad arguments.
+void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng);
+void test_pack_errors();
+
+// test_gemm.cpp: the gemm micro-kernels of one ISA table, one format and shape.
+void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n, int64_t k,
+               int64_t group, Rng& rng);
+
+// test_activations.cpp: silu_mul, gpt-oss's clamped SwiGLU and quantize_rows.
+void test_silu(const IsaKernels& isa, Rng& rng);
+void test_swiglu_oai(const IsaKernels& isa, Rng& rng);
+void test_quantize(const IsaKernels& isa, Rng& rng);
+
+// test_conversions.cpp: to_bf16, f32_to_f16 and f16_to_f32.
+void test_to_bf16(const IsaKernels& isa, Rng& rng);
+void test_f16(const IsaKernels& isa, Rng& rng);
+
+// test_driver.cpp: moe_forward against its references, fp16 activations, the accuracy metric.
+void test_driver(const std::vector<Isa>& isas, Rng& rng);
+void test_driver_f16(const std::vector<Isa>& isas, Rng& rng);
+void test_accuracy(const std::vector<Isa>& isas, Rng& rng, int64_t E = 4, int64_t H = 512, int64_t I = 256,
+                   int64_t K = 2, int64_t T = 48);
+
+}  // namespace ktmoe_test

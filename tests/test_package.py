@@ -1,0 +1,23 @@
+"""The package's surface: ``import torch_ktmoe`` stays light, ``hf`` comes on demand, the demo dispatches."""
+from ktmoe_harness.child import run_python
+
+
+def test_import_does_not_pull_transformers_and_hf_is_a_lazy_attribute():
+    res = run_python("""
+import sys
+import torch_ktmoe
+assert "transformers" not in sys.modules, "import torch_ktmoe imported transformers"
+assert "hf" in dir(torch_ktmoe)
+from_pretrained = torch_ktmoe.hf.from_pretrained  # PEP 562 __getattr__ imports it here
+assert sys.modules["torch_ktmoe.hf"] is torch_ktmoe.hf
+print("OK")
+""", timeout=120)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
+
+
+def test_cli_demo_hands_its_flags_to_the_harness_demo():
+    res = run_python("import runpy, sys; sys.argv = ['torch_ktmoe', 'demo', '--help']; "
+                     "runpy.run_module('torch_ktmoe', run_name='__main__')", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "python -m torch_ktmoe demo" in res.stdout and "--layers" in res.stdout
+
