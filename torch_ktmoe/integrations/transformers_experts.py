@@ -76,10 +76,16 @@ __all__ = [
 SUPPORTED_EXPERTS_CLASSES = frozenset(
     {
         "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
-        "Dots1Experts", "Ernie4_5_MoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "Glm4MoeExperts",
-        "Glm4MoeLiteExperts", "GraniteMoeExperts", "GraniteMoeSharedExperts", "HunYuanMoEV1Experts",
-        "JambaExperts", "LagunaExperts", "MiniMaxExperts", "MiniMaxM2Experts", "PhimoeExperts",
-        "Qwen3NextExperts", "SolarOpenExperts",
+        "AfmoeExperts", "AXK1Experts", "AXK2Experts", "BailingHybridExperts", "Cohere2MoeExperts",
+        "DeepseekOcr2TextExperts", "DeepseekV2Experts", "DeepseekV32Experts", "Dots1Experts", "Dots3NoteExperts",
+        "Ernie4_5_MoeExperts", "Ernie4_5_VLMoeMoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "FlintExperts",
+        "Glm4MoeExperts", "Glm4MoeLiteExperts", "Glm4vMoeTextExperts", "GlmMoeDsaExperts", "GraniteMoeExperts",
+        "GraniteMoeHybridExperts", "GraniteMoeSharedExperts", "GraniteMoeSWAExperts", "HunYuanMoEV1Experts",
+        "HYV3Experts", "InklingExperts", "JambaExperts", "KimiLinearExperts", "Kolibri1Experts", "LagunaExperts",
+        "LaraMiniExperts", "Lfm2MoeExperts", "MellumExperts", "MiMoV2FlashExperts", "MiniMaxExperts", "MiniMaxM2Experts",
+        "Mistral4Experts", "MistralLarge4TextExperts", "PhimoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts",
+        "Qwen3OmniMoeTalkerTextExperts", "Qwen3OmniMoeThinkerTextExperts", "Qwen3VLMoeTextExperts",
+        "Qwen4ExpTextExperts", "SolarOpenExperts", "UnlimitedOcrTextExperts", "ZayaExperts",
         "GptOssExperts",  # transposed, interleaved, biased, clamped SwiGLU (experts_layout.py)
     }
 )
@@ -110,7 +116,8 @@ def looks_like_experts(name: str, module: nn.Module) -> bool:
 
 
 def _is_silu(act) -> bool:
-    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    """nn.SiLU, transformers' SiLUActivation, or the function torch.nn.functional.silu itself."""
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu
 
 
 def _is_gpt_oss(cls) -> bool:
@@ -183,11 +190,12 @@ def unsupported_reason(module: nn.Module) -> str | None:
         if not all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf") for v in (alpha, limit)) or limit <= 0:
             return f"{name}: swiglu alpha={alpha!r} / limit={limit!r} are not finite numbers with limit > 0"
     else:
-        if not _is_silu(getattr(module, "act_fn", None)):
-            return f"{name}: activation {type(getattr(module, 'act_fn', None)).__name__} is not SiLU"
         apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
         if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
-            return f"{name} overrides _apply_gate (custom gating)"
+            return f"{name} overrides _apply_gate (its own gated activation, not SiLU(gate) * up)"
+        act = getattr(module, "act_fn", None)
+        if not _is_silu(act):
+            return f"{name}: activation {getattr(act, '__name__', type(act).__name__)} is not SiLU"
     if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
         return (
             f"{cls.__module__}.{name} has KTMoE's layout but is not one of the experts classes validated "
