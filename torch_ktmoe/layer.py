@@ -237,9 +237,14 @@ class KTMoE(nn.Module):
     def warm(self, wait: bool = True) -> bool:
         """Prefault this layer's expert files so the first forward runs at steady speed.
 
-        ``MADV_POPULATE_READ`` (Linux >= 5.14; synchronous, errors raise), else
-        ``MADV_WILLNEED`` (starts readahead only). ``wait=False`` returns at once
-        and reads on one background thread per arena (joined when the arena goes).
+        Pages not in the page cache are read with ``read()`` (sequential
+        readahead in large folios); pages already cached are touched once (one
+        load per 4 KiB page: on a VM that hands free memory back to its host,
+        the first CPU access to a page the disk filled costs microseconds, which
+        would otherwise land in the first forwards); then ``MADV_POPULATE_READ``
+        (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
+        them. ``wait=False`` returns at once and reads on one background thread
+        per arena (joined when the arena goes).
 
         When the experts do not fit in RAM, reading all of them would evict the
         hot experts (and anything else) to bring in cold ones, which is worse than
