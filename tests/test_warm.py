@@ -177,3 +177,22 @@ def test_read_file_through_cache(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(RuntimeError):
         _C.WeightArena.read_file_through_cache(str(tmp_path / "fifo"))  # never blocks on a FIFO
+
+
+def test_read_before_load_maps_the_same_experts(tmp_path):
+    """WeightArena(read_before_load=True).load_cached reads the kept file first; same tensors, file unchanged."""
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
+    key = layer._cache_key(0, layer.cache_fingerprint)
+    path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
+    digest = _file_digest(path)
+    _evict(layer)
+    arena = WeightArena(tmp_path, "layer0000.part0", persistent=True, read_before_load=True)
+    reason, w13, w2 = arena.load_cached(key)
+    assert reason == "" and arena.resident_bytes() >= 0.99 * arena.stats()["file_backed_bytes"]
+    assert torch.equal(w13, layer.w13_0) and torch.equal(w2, layer.w2_0)
+    missing = WeightArena(tmp_path, "layer0009.part0", persistent=True, read_before_load=True)
+    assert missing.load_cached(key)[0] == "missing"  # reading first changes no answer
+    del w13, w2, arena, layer
+    gc.collect()
+    assert _file_digest(path) == digest
