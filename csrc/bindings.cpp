@@ -199,7 +199,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              if (!a.arena->prefault(wait, &error)) throw std::runtime_error(error);
            },
            py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
-           "read the backing file into memory: read() what is not cached, touch what is, then "
+           "read the backing file into memory: read() what is not cached, read through the mapping what is, then "
            "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
       .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
@@ -211,7 +211,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return n;
            },
            py::arg("path"), py::call_guard<py::gil_scoped_release>(),
-           "read a whole regular file with read() (page cache, readahead; every page touched once); its size")
+           "read a whole regular file with read() (page cache, readahead; every page read once); its size")
       .def_property_readonly("id", [](const PyArena& a) { return a.arena->id(); }, "creation order in this process")
       .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
       .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })

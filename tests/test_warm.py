@@ -112,7 +112,7 @@ def _file_digest(path):
 
 @pytest.mark.parametrize("state", ["evicted", "cached_unmapped", "half_cached"])
 def test_warm_from_each_residency_state_keeps_outputs_and_the_cache_file(tmp_path, state):
-    """warm() reads what is missing (read()), touches what is cached, maps it all; bytes and outputs unchanged.
+    """warm() reads what is missing (read()), reads what is cached, maps it all; bytes and outputs unchanged.
 
     evicted: nothing in the page cache; cached_unmapped: all of it in the page cache but
     not mapped here (as another process, or a cache check, leaves it); half_cached: every

@@ -35,8 +35,8 @@ class WeightArena(_C.WeightArena):
     ``read_before_load=True`` makes ``load_cached()`` first read the kept file
     with ``read()`` (when it fits in the memory headroom), before the load maps it
     and checks every expert's header through the mapping. Those checks fault the
-    file in 2 MiB at a time, synchronously, and leave every page untouched by the
-    CPU; read() instead streams it with readahead and touches each page once in the
+    file in 2 MiB at a time, synchronously, and leave every page unread by the
+    CPU; read() instead streams it with readahead and reads each page once in the
     copy, overlapping the two. For a warm-on-load (see ``prefault``), which needs
     both anyway.
 

@@ -238,10 +238,10 @@ class KTMoE(nn.Module):
         """Prefault this layer's expert files so the first forward runs at steady speed.
 
         Pages not in the page cache are read with ``read()`` (sequential
-        readahead in large folios); pages already cached are touched once (one
-        load per 4 KiB page: on a VM that hands free memory back to its host,
-        the first CPU access to a page the disk filled costs microseconds, which
-        would otherwise land in the first forwards); then ``MADV_POPULATE_READ``
+        readahead in large folios); pages already cached are read once through
+        the mapping (on a VM that hands free memory back to its host, the first
+        CPU access to a page the disk filled costs microseconds, which would
+        otherwise land in the first forwards); then ``MADV_POPULATE_READ``
         (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
         them. ``wait=False`` returns at once and reads on one background thread
         per arena (joined when the arena goes).

@@ -96,7 +96,7 @@ struct ArenaOptions {
 // -1 with *error when it cannot be opened or mapped.
 int64_t file_resident_bytes(const std::string& path, std::string* error);
 // Reads the whole file at `path` with read() (a regular file, no symlink): into the
-// page cache with its large-folio readahead, every page touched once by the copy (see
+// page cache with its large-folio readahead, every page read once by the copy (see
 // prefault). Returns the file's size, or -1 with *error.
 int64_t read_file_through_cache(const std::string& path, std::string* error);
 
@@ -137,9 +137,9 @@ class KtWeightArena {
   bool evict(std::string* error);
 
   // Reads the file's slices into memory so that the first forward runs at steady
-  // speed: read() for pages not yet cached (readahead; the copy touches every
-  // page), one load per 4 KiB page for cached ones (a VM may charge the first
-  // touch of a page the disk filled: weight_arena_residency.cpp), then
+  // speed: read() for pages not yet cached (readahead; the copy reads every
+  // page), one load per 64-byte line for cached ones (a VM may charge the first
+  // read of a page the disk filled: weight_arena_residency.cpp), then
   // MADV_POPULATE_READ (Linux >= 5.14, synchronous, reports errors) maps them,
   // falling back to MADV_WILLNEED where the kernel lacks it. wait=false runs it on one
   // background thread (in 64 MiB steps; the destructor stops and joins it) and

@@ -15,25 +15,27 @@
 // prefault(): warms the file so the first forward runs at steady speed. Three
 //   things must happen before then, and MADV_POPULATE_READ alone does only the
 //   first two: (1) the data is read into the page cache, (2) this process's page
-//   tables map it, (3) the CPU has touched every 4 KiB page once. (3) is not
-//   free on a VM whose free memory the host takes back (virtio-balloon free page
-//   reporting): the first CPU access to a guest page that the device filled by
-//   DMA costs about 2-6 us in the host, serialised (two threads are no faster).
-//   Faults and MADV_POPULATE_READ only map pages; measured on the Firecracker
-//   host, the 768 MiB of experts of the cold-start benchmark were all in 2 MiB
-//   folios, all PMD-mapped, with no fault left, and the first full read of them
-//   still ran at 0.5-1.8 GB/s (28 GB/s once touched); one load per 4 KiB page
-//   fixed it, one per 2 MiB did not. So, per 64 MiB step:
+//   tables map it, (3) the CPU has read the pages once. (3) is not free on a VM
+//   whose free memory the host takes back (virtio-balloon free page reporting,
+//   as on the Firecracker hosts this was measured on): the first CPU access to a
+//   guest page that the disk filled by DMA costs about 2-6 us in the host,
+//   serialised (two threads are no faster). Faults and MADV_POPULATE_READ only
+//   map pages: after them, 768 MiB of experts were all in 2 MiB folios, all
+//   PMD-mapped, no fault left, and the first full read of them still took
+//   95-814 ms of CPU against 31-37 ms once read (decode: the first ~20-40 passes
+//   2-15x slower). A load per 4 KiB page removed most of it, not all (first read
+//   34-57 ms of CPU); a load per 64-byte line, or read()'s copy, all of it.
+//   So, per 64 MiB step:
 //     * pages not all in the page cache: read() them through a small buffer.
 //       Sequential reads get the file's large-folio readahead, asynchronous and
-//       ahead of the copy, and the copy is the CPU's first touch: the touch
-//       cost overlaps the next window's I/O instead of following all of it;
-//     * already cached (e.g. faulted in, untouched, by the cache check of a
-//       load): one load per 4 KiB page, no copy;
+//       ahead of the copy, and the copy is the CPU's first read: its cost
+//       overlaps the next window's I/O instead of following all of it;
+//     * already cached (e.g. faulted in, unread, by the cache check of a load):
+//       one load per 64-byte line through the mapping, no copy;
 //   then MADV_POPULATE_READ (Linux >= 5.14) maps them (minor faults, 2 MiB at a
 //   time where the folios allow) and reports errors (EFAULT/EIO/ENOMEM); where it
 //   is missing (EINVAL) falls back to MADV_WILLNEED. Background mode: one I/O
-//   thread (not a compute thread: it blocks in read/madvise and touches pages),
+//   thread (not a compute thread: it blocks in read/madvise and streams pages),
 //   working in 64 MiB steps so that the destructor can stop it promptly; it
 //   holds no reference to the arena (the destructor joins it before unmapping),
 //   so it never keeps an arena alive, and a process that exits while it runs
@@ -95,11 +97,11 @@ bool read_through(int fd, int64_t offset, int64_t bytes, char* buf, int64_t buf_
   return true;
 }
 
-// One load per 4 KiB page: the CPU's first touch, where nothing copied the pages yet.
-void touch_pages(const char* p, int64_t bytes) {
-  const int64_t page = page_size();
-  unsigned char sink = 0;
-  for (int64_t off = 0; off < bytes; off += page) sink ^= *reinterpret_cast<const volatile unsigned char*>(p + off);
+// One load per 64-byte line: the CPU's first read of pages that nothing copied yet (a
+// load per 4 KiB page is not always enough: see the note). Streams at memory speed.
+void read_lines(const char* p, int64_t bytes) {
+  uint64_t sink = 0;
+  for (int64_t off = 0; off + 8 <= bytes; off += 64) sink ^= *reinterpret_cast<const volatile uint64_t*>(p + off);
   asm volatile("" : : "r"(sink));
 }
 
@@ -202,7 +204,7 @@ void KtWeightArena::run_prefault(const std::vector<Span>& spans, int fd) {
           goto done;
         }
       }
-      if (cached) touch_pages(p + off, n);
+      if (cached) read_lines(p + off, n);
     }
   }
 done:
