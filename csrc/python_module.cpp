@@ -147,11 +147,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              if (!a.arena->prefault(wait, &error)) throw std::runtime_error(error);
            },
            py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
-           "read the backing file into memory (MADV_POPULATE_READ, else MADV_WILLNEED); "
-           "wait=False: on a background thread")
+           "read the backing file into memory: read() what is not cached, read through the mapping what is, then "
+           "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
       .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
       .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
+      .def_static("read_file_through_cache", [](const std::string& path) {
+             std::string error;
+             const int64_t n = ktmoe::read_file_through_cache(path, &error);
+             if (n < 0) throw std::runtime_error(error);
+             return n;
+           },
+           py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+           "read a whole regular file with read() (page cache, readahead; every page read once); its size")
       .def_property_readonly("id", [](const PyArena& a) { return a.arena->id(); }, "creation order in this process")
       .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
       .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })

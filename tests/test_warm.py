@@ -1,5 +1,7 @@
 """Warm-on-load: KTMoE(warm=...) and KTMoE.warm() bring evicted experts back; outputs unchanged."""
 import gc
+import hashlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -8,7 +10,8 @@ import pytest
 import torch
 
 import torch_ktmoe
-from torch_ktmoe import KTMoE, memory
+from torch_ktmoe import KTMoE, WeightArena, memory
+from torch_ktmoe._native import _C
 from tests.conftest import random_experts, random_routing
 
 E, K, H, I = 16, 4, 256, 512  # 16 experts x 3 x 256 x 512 bf16 = 12 MiB packed
@@ -100,3 +103,96 @@ def test_background_warm_never_blocks_teardown(tmp_path):
                          env={"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
     gc.collect()
+
+
+def _file_digest(path):
+    with open(path, "rb") as f:
+        return hashlib.blake2b(f.read(), digest_size=20).hexdigest()
+
+
+@pytest.mark.parametrize("state", ["evicted", "cached_unmapped", "half_cached"])
+def test_warm_from_each_residency_state_keeps_outputs_and_the_cache_file(tmp_path, state):
+    """warm() reads what is missing (read()), reads what is cached, maps it all; bytes and outputs unchanged.
+
+    evicted: nothing in the page cache; cached_unmapped: all of it in the page cache but
+    not mapped here (as another process, or a cache check, leaves it); half_cached: every
+    other MiB in the page cache.
+    """
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
+    x = torch.randn(3, H, dtype=torch.bfloat16)
+    ids, w = random_routing(3, E, K)
+    before, fingerprint = layer(x, ids, w), layer.cache_fingerprint
+    path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
+    digest = _file_digest(path)
+    del layer
+    gc.collect()
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    assert layer.try_load_cached(fingerprint)
+    _evict(layer)
+    if state == "cached_unmapped":
+        assert _C.WeightArena.read_file_through_cache(path) == os.path.getsize(path)
+    elif state == "half_cached":
+        with open(path, "rb") as f:
+            for off in range(0, os.path.getsize(path), 2 * MiB):
+                f.seek(off)
+                f.read(MiB)
+    assert layer.warm() is True
+    assert all(a.prefault_status == "populate_read" for a in layer.arenas)
+    assert layer.resident_bytes >= 0.99 * layer.packed_bytes
+    faults = torch_ktmoe.memory_report()["major_faults"]
+    assert torch.equal(layer(x, ids, w), before)
+    assert torch_ktmoe.memory_report()["major_faults"] == faults  # warm left nothing to fault in
+    del layer
+    gc.collect()
+    assert _file_digest(path) == digest  # warm only reads
+
+
+def test_warm_keeps_a_page_written_in_this_process(tmp_path):
+    """A page of a kept cache file written here (a private copy) keeps the write through warm()."""
+    layer = _layer(tmp_path)
+    path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
+    digest = _file_digest(path)
+    layer.w13_0[0, 4096:4100] = 7  # past the expert's header: a private copy of that page
+    assert layer.warm() is True
+    assert bool((layer.w13_0[0, 4096:4100] == 7).all())
+    assert _file_digest(path) == digest
+
+
+def test_read_file_through_cache(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(3 * MiB + 123))
+    digest = _file_digest(data)
+    fd = os.open(data, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert _C.WeightArena.read_file_through_cache(str(data)) == 3 * MiB + 123
+    assert _file_digest(data) == digest
+    os.symlink(data, tmp_path / "link.bin")
+    with pytest.raises(RuntimeError):
+        _C.WeightArena.read_file_through_cache(str(tmp_path / "link.bin"))  # no symlink followed
+    with pytest.raises(RuntimeError):
+        _C.WeightArena.read_file_through_cache(str(tmp_path / "missing.bin"))
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(RuntimeError):
+        _C.WeightArena.read_file_through_cache(str(tmp_path / "fifo"))  # never blocks on a FIFO
+
+
+def test_read_before_load_maps_the_same_experts(tmp_path):
+    """WeightArena(read_before_load=True).load_cached reads the kept file first; same tensors, file unchanged."""
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
+    key = layer._cache_key(0, layer.cache_fingerprint)
+    path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
+    digest = _file_digest(path)
+    _evict(layer)
+    arena = WeightArena(tmp_path, "layer0000.part0", persistent=True, read_before_load=True)
+    reason, w13, w2 = arena.load_cached(key)
+    assert reason == "" and arena.resident_bytes() >= 0.99 * arena.stats()["file_backed_bytes"]
+    assert torch.equal(w13, layer.w13_0) and torch.equal(w2, layer.w2_0)
+    missing = WeightArena(tmp_path, "layer0009.part0", persistent=True, read_before_load=True)
+    assert missing.load_cached(key)[0] == "missing"  # reading first changes no answer
+    del w13, w2, arena, layer
+    gc.collect()
+    assert _file_digest(path) == digest

@@ -1,5 +1,6 @@
 """WeightArena: where packed expert weights live (anonymous or MAP_SHARED file)."""
 import os
+import stat
 import warnings
 
 import torch
@@ -31,13 +32,43 @@ class WeightArena(_C.WeightArena):
     copy-on-write views: a write into one stays in this process (as anonymous
     memory) and never reaches the file.
 
+    ``read_before_load=True`` makes ``load_cached()`` first read the kept file
+    with ``read()`` (when it fits in the memory headroom), before the load maps it
+    and checks every expert's header through the mapping. Those checks fault the
+    file in 2 MiB at a time, synchronously, and leave every page unread by the
+    CPU; read() instead streams it with readahead and reads each page once in the
+    copy, overlapping the two. For a warm-on-load (see ``prefault``), which needs
+    both anyway.
+
     Memory lives as long as any tensor allocated from the arena.
     """
 
     def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1,
-                 persistent: bool = False, trust_others: bool = False):
+                 persistent: bool = False, trust_others: bool = False, read_before_load: bool = False):
         super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent,
                          trust_others)
+        self.read_before_load = bool(read_before_load)
+
+    def load_cached(self, key, verify_data: bool = False):
+        """``(reason, w13, w2)``: the kept cache file mapped copy-on-write, or why not (see the class)."""
+        if self.read_before_load and not self.cache_refusal and not self.open_error:
+            self._read_cache_file()
+        return super().load_cached(key, verify_data)
+
+    def _read_cache_file(self) -> None:
+        from .memory import memory_headroom_bytes
+
+        path = os.path.join(self.dir, self.name + _C.cache_suffix())
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return  # missing: the load says so
+        if not stat.S_ISREG(st.st_mode) or st.st_size > memory_headroom_bytes():
+            return  # not a file the load will map, or reading it would evict others
+        try:
+            _C.WeightArena.read_file_through_cache(path)
+        except RuntimeError:
+            pass  # the load's own checks report what is wrong with the file
 
     def empty(self, *sizes) -> torch.Tensor:
         """A uint8 tensor of ``sizes`` in arena memory (thread-safe)."""

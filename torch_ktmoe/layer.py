@@ -229,7 +229,8 @@ class KTMoE(nn.Module):
     def _make_arena(self, p: int) -> WeightArena:
         return WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}", hugepage=self._hugepage,
                            numa_node=p % self._nodes if self._nodes > 1 else -1, persistent=self.cache != "off",
-                           trust_others=self.cache_trust_others)
+                           trust_others=self.cache_trust_others,
+                           read_before_load=self.warm_mode == "blocking")  # reads a kept file once, at disk speed
 
     def _fresh_arena(self, p: int) -> WeightArena:
         # A cache file is built or mapped by a new arena; tensors of an earlier load keep theirs alive.
@@ -273,9 +274,14 @@ class KTMoE(nn.Module):
     def warm(self, wait: bool = True) -> bool:
         """Prefault this layer's expert files so the first forward runs at steady speed.
 
-        ``MADV_POPULATE_READ`` (Linux >= 5.14; synchronous, errors raise), else
-        ``MADV_WILLNEED`` (starts readahead only). ``wait=False`` returns at once
-        and reads on one background thread per arena (joined when the arena goes).
+        Pages not in the page cache are read with ``read()`` (sequential
+        readahead in large folios); pages already cached are read once through
+        the mapping (on a VM that hands free memory back to its host, the first
+        CPU access to a page the disk filled costs microseconds, which would
+        otherwise land in the first forwards); then ``MADV_POPULATE_READ``
+        (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
+        them. ``wait=False`` returns at once and reads on one background thread
+        per arena (joined when the arena goes).
 
         When the experts do not fit in RAM, reading all of them would evict the
         hot experts (and anything else) to bring in cold ones, which is worse than

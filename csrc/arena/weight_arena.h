@@ -95,6 +95,10 @@ struct ArenaOptions {
 // Bytes of the file at `path` in the page cache (mincore over a read-only map);
 // -1 with *error when it cannot be opened or mapped.
 int64_t file_resident_bytes(const std::string& path, std::string* error);
+// Reads the whole file at `path` with read() (a regular file, no symlink): into the
+// page cache with its large-folio readahead, every page read once by the copy (see
+// prefault). Returns the file's size, or -1 with *error.
+int64_t read_file_through_cache(const std::string& path, std::string* error);
 
 class KtWeightArena {
  public:
@@ -132,9 +136,12 @@ class KtWeightArena {
   // faults). For tests and benchmarks of cold starts. No-op when anonymous.
   bool evict(std::string* error);
 
-  // Reads the file's slices into memory: MADV_POPULATE_READ (Linux >= 5.14,
-  // synchronous, reports errors), falling back to MADV_WILLNEED (starts
-  // readahead only) where the kernel lacks it. wait=false runs it on one
+  // Reads the file's slices into memory so that the first forward runs at steady
+  // speed: read() for pages not yet cached (readahead; the copy reads every
+  // page), one load per 64-byte line for cached ones (a VM may charge the first
+  // read of a page the disk filled: weight_arena_residency.cpp), then
+  // MADV_POPULATE_READ (Linux >= 5.14, synchronous, reports errors) maps them,
+  // falling back to MADV_WILLNEED where the kernel lacks it. wait=false runs it on one
   // background thread (in 64 MiB steps; the destructor stops and joins it) and
   // returns at once; a call first joins a previous background prefault.
   // Returns false with *error on failure (wait=true only); a background error
@@ -199,9 +206,10 @@ class KtWeightArena {
   struct Span {
     void* addr;
     int64_t bytes;
+    int64_t offset;  // in the file
   };
   std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
-  void run_prefault(const std::vector<Span>& spans);
+  void run_prefault(const std::vector<Span>& spans, int fd);
 
   struct FreeDelete {
     void operator()(void* p) const { std::free(p); }
