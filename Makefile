@@ -4,7 +4,7 @@ PYTHON ?= python3
 PIP    ?= $(PYTHON) -m pip
 STAMP  := build/.deps-stamp
 
-.PHONY: deps build demo test test-sglang bench peers install clean
+.PHONY: deps build demo test test-sglang bench bench-scale peers install clean
 
 $(STAMP): requirements.txt
 	$(PIP) install -q -r requirements.txt
@@ -42,6 +42,12 @@ test-sglang: $(SGL_STAMP)
 
 bench: build
 	$(PYTHON) -m benchmarks.bench_moe
+
+# a 30B-class MoE (int8, ~29 GB) against llama.cpp's mmap under memory cgroups: ~60 GB of disk, tens of
+# minutes, root; builds libllama from the llama-cpp-python sdist (benchmarks/bench_scale.py)
+bench-scale: build
+	$(PIP) install -q gguf
+	$(PYTHON) -m benchmarks.bench_scale
 
 # Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages),
 # and llama.cpp's ggml CPU backend with the MoE-layer harness (build/llama_peer/).
