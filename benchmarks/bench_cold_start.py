@@ -13,12 +13,11 @@ top-k routing drawn at random per layer and pass) through all layers:
 
 * ``warm="blocking"``, before: the old warm, ``MADV_POPULATE_READ`` only (done
   here through ctypes, exactly what the arena did before);
-* ``warm="blocking"``: the arena's warm (read() what is not cached, one load per
-  64-byte line of what is, then ``MADV_POPULATE_READ``). The load's cache check
-  has already faulted the files in (2 MiB at a time, unread by the CPU);
-* ``warm="blocking"``, files read() before the load: the same, after reading each
-  file with ``WeightArena.read_file_through_cache`` first, which is what
-  ``WeightArena(read_before_load=True)`` does inside the load;
+* ``warm="blocking"``: what KTMoE does now. The layer's arena reads the kept
+  file with read() before the load maps and checks it
+  (``WeightArena(read_before_load=True)``, sequential readahead, every page read
+  once by the CPU in the copy), then the warm touches one 64-byte line per cached
+  page and ``MADV_POPULATE_READ`` maps them;
 * no warm: the experts fault in on demand;
 * ``cat`` the files after the drop, then no warm;
 * page cache hot: right after the previous row's process (no drop).
@@ -44,11 +43,10 @@ import sys
 import time
 
 MiB = 1 << 20
-ROWS = ("blocking_before", "blocking", "blocking_read_first", "none", "cat", "hot")
+ROWS = ("blocking_before", "blocking", "none", "cat", "hot")
 LABELS = {
     "blocking_before": 'warm="blocking", before (MADV_POPULATE_READ only)',
-    "blocking": 'warm="blocking", after (read() or one load per line, then populate)',
-    "blocking_read_first": 'warm="blocking", files read() before the load',
+    "blocking": 'warm="blocking", after (file read() before the load, then populate)',
     "none": "no warm (faults on demand)",
     "cat": "cat files > /dev/null after the drop, no warm",
     "hot": "page cache hot (a second process)",
@@ -114,13 +112,8 @@ def child(args) -> int:
         for _ in range(20):
             small(x, ids[:1] % 8, weights[:1])
 
-    warm = "blocking" if args.row in ("blocking", "blocking_read_first") else "none"
+    warm = "blocking" if args.row == "blocking" else "none"
     t0 = time.perf_counter()
-    if args.row == "blocking_read_first":  # the files into the page cache before the load's checks map them
-        from torch_ktmoe._native import _C
-
-        for i in range(args.layers):
-            _C.WeightArena.read_file_through_cache(os.path.join(args.dir, f"layer{i:04d}.part0.ktmoe"))
     layers = [_layer(args, i, warm) for i in range(args.layers)]
     for i, layer in enumerate(layers):
         if not layer.try_load_cached(_fingerprint(i)):
