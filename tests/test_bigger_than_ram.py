@@ -4,7 +4,8 @@ A tiny Qwen3-MoE model (built from a config, saved outside the cgroup) whose pac
 bf16 experts are 2x the limit is loaded with torch_ktmoe.hf.from_pretrained in a
 child process inside a cgroup-v1 memory limit, and generates a few greedy tokens:
 * file-backed (mmap_experts_dir=dir): completes, logits bit-identical to an
-  unconstrained anonymous run;
+  unconstrained anonymous run; every layer reads its routed experts ahead
+  (KTMoE's prefetch="auto" sees experts that do not fit);
 * anonymous, same limit: OOM-killed (returncode -9), the expected outcome.
 Skips with the reason where a memory cgroup cannot be made (not root, cgroup v2 only).
 
@@ -45,7 +46,9 @@ torch.set_num_threads(2)
 model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dtype=torch.bfloat16, progress=False)
 tokens, logits, _, _ = generate(model, torch.tensor([%r]), %d, progress=False)
 r = torch_ktmoe.memory_report()
-torch.save({"tokens": tokens, "logits": logits, "report": r, "packed": model.ktmoe_report.packed_bytes}, out)
+prefetching = [m.prefetching for m in model.modules() if isinstance(m, torch_ktmoe.KTMoE)]
+torch.save({"tokens": tokens, "logits": logits, "report": r, "packed": model.ktmoe_report.packed_bytes,
+            "prefetching": prefetching}, out)
 print("COMPLETED", r["arena_file_backed_bytes"], r["arena_fallbacks"], r["major_faults"])
 """ % (PROMPT, NEW_TOKENS)
 
@@ -62,6 +65,7 @@ def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp
     assert ref.returncode == 0, ref.stdout + ref.stderr
     reference = torch.load(ref_out)
     assert reference["packed"] >= 2 * LIMIT, "the model is too small to prove anything"
+    assert reference["prefetching"] and not any(reference["prefetching"])  # anonymous: nothing to read ahead
 
     file_out = tmp_path / "file.pt"
     res = run_in_memory_cgroup("ktmoe_test_btr_file", LIMIT, CHILD, [checkpoint, experts_dir, file_out],
@@ -73,6 +77,7 @@ def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp
     assert got["report"]["arena_file_backed_bytes"] == got["packed"] == reference["packed"]
     assert got["tokens"] == reference["tokens"]
     assert torch.equal(got["logits"], reference["logits"])  # bit-identical
+    assert all(got["prefetching"]), "experts 2x the limit: prefetch='auto' should read the routed experts ahead"
 
     anon_out = tmp_path / "anon.pt"
     res = run_in_memory_cgroup("ktmoe_test_btr_anon", LIMIT, CHILD, [checkpoint, "", anon_out], env=CHILD_ENV)

@@ -2,7 +2,7 @@
 import copy
 import os
 import warnings
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import torch
 from torch import nn
@@ -14,6 +14,7 @@ from .arena import WeightArena
 
 
 WARM_MODES = ("none", "blocking", "background")
+PREFETCH_MODES = ("auto", True, False)
 
 
 class KTMoE(nn.Module):
@@ -58,6 +59,16 @@ class KTMoE(nn.Module):
             ``g = clamp(gate, max=swiglu_limit)``,
             ``g * sigmoid(swiglu_alpha * g) * (clamp(up, ±swiglu_limit) + 1)``).
         swiglu_alpha, swiglu_limit: the constants of ``"swiglu_oai"``.
+        prefetch: before each forward, ask the kernel to read the routed experts'
+            rows from their files (``MADV_WILLNEED``, asynchronous), so that the
+            cold ones of a model bigger than RAM come from disk together instead
+            of one page fault at a time. ``"auto"`` (default): on when the layer's
+            experts are file-backed and all live arenas' file-backed experts do
+            not fit in RAM (or the memory cgroup) together
+            (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`), asked again
+            at the end of each such layer's load (so the last layer loaded
+            decides for all); ``True`` / ``False`` force it.
+            Outputs are the same either way.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
     :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
@@ -84,8 +95,10 @@ class KTMoE(nn.Module):
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
                  hugepage: bool = True, warm: str = "none", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: Union[str, bool] = "auto"):
         super().__init__()
+        if not (isinstance(prefetch, bool) or prefetch == "auto"):
+            raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
         if activation not in ops.ACTIVATIONS:
             raise ValueError(f"activation must be one of {ops.ACTIVATIONS}, got {activation!r}")
         if warm not in WARM_MODES:
@@ -100,6 +113,8 @@ class KTMoE(nn.Module):
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
         self.warm_mode = warm
+        self.prefetch_mode = prefetch
+        self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
         self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
         if cache is not None:
@@ -268,6 +283,12 @@ class KTMoE(nn.Module):
         self._after_load()
 
     def _after_load(self):
+        self._auto_prefetch = self.prefetch_mode == "auto" and any(
+            a.file_mode and a.stats()["file_backed_bytes"] for a in self.arenas)
+        if self._auto_prefetch:  # every load asks again: the last layer loaded sees the whole model
+            from .memory import file_experts_fit_in_memory
+
+            KTMoE._file_experts_fit = file_experts_fit_in_memory()
         if self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
 
@@ -323,6 +344,15 @@ class KTMoE(nn.Module):
         """[(w13, w2)] per NUMA part."""
         return [(getattr(self, f"w13_{p}"), getattr(self, f"w2_{p}")) for p in range(self.numa_parts)]
 
+    # Whether the file-backed experts of all live arenas fit in RAM together (memory.file_experts_fit_in_memory),
+    # as of the last load of a prefetch="auto" layer with file-backed experts; shared by all layers.
+    _file_experts_fit = True
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether forwards read ahead the routed experts now (``prefetch`` resolved)."""
+        return self.prefetch_mode is True or (self._auto_prefetch and not KTMoE._file_experts_fit)
+
     # ---------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
@@ -330,15 +360,16 @@ class KTMoE(nn.Module):
         w13 = buffers["w13_0"]
         if w13.numel() == 0:
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
+        prefetch = self.prefetching
         plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
-        if plain and len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
+        if plain and not prefetch and len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
             return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden_size)
         ids = topk_ids.reshape(x.shape[0], -1)
         weights = topk_weights.reshape(x.shape[0], -1)
-        act = (self.activation, self.swiglu_alpha, self.swiglu_limit)
+        act = (self.activation, self.swiglu_alpha, self.swiglu_limit, prefetch)
         if self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
             out = torch.ops.ktmoe.moe_forward(x, ids, weights, w13, buffers["w2_0"], buffers["b13_0"],
                                               buffers["b2_0"], *act)
@@ -376,7 +407,8 @@ class KTMoE(nn.Module):
                     numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
                     warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None,
                     verify=self.verify, cache_trust_others=self.cache_trust_others,
-                    activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
+                    activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+                    prefetch=self.prefetch_mode)
 
     def __reduce__(self):
         kwargs, where = self._constructor_kwargs(), f"KTMoE(layer {self.layer_idx})"

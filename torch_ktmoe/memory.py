@@ -90,8 +90,8 @@ def _stat_field(path, field):
     return 0
 
 
-def _cgroup_headroom():
-    """Bytes this process's memory cgroup can still take (limit - usage + inactive file), or None."""
+def _cgroup_memory():
+    """(limit, usage, inactive file bytes) of this process's memory cgroup (v1 or v2), or None without a limit."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -112,7 +112,13 @@ def _cgroup_headroom():
         inactive = _stat_field(base + "/memory.stat", "inactive_file")
     if limit is None or usage is None or limit >= 1 << 60:  # no limit
         return None
-    return max(limit - usage + inactive, 0)
+    return limit, usage, inactive
+
+
+def _cgroup_headroom():
+    """Bytes this process's memory cgroup can still take (limit - usage + inactive file), or None."""
+    cgroup = _cgroup_memory()
+    return None if cgroup is None else max(cgroup[0] - cgroup[1] + cgroup[2], 0)
 
 
 def memory_headroom_bytes() -> int:
@@ -125,6 +131,27 @@ def memory_headroom_bytes() -> int:
     available = _stat_field_kb("/proc/meminfo", "MemAvailable:")
     cgroup = _cgroup_headroom()
     return available if cgroup is None else min(available, cgroup)
+
+
+def file_experts_fit_in_memory() -> bool:
+    """Whether the file-backed experts of all live arenas can stay in RAM together.
+
+    Their bytes against the smaller of: RAM (or the memory cgroup's limit) less this
+    process's anonymous memory, and what of them is resident now plus the memory
+    headroom (:func:`memory_headroom_bytes`). False: a model bigger than RAM (or its
+    cgroup), whose cold experts are read from disk again while it runs. KTMoE's
+    ``prefetch="auto"`` reads ahead the routed experts then.
+    """
+    live = _C.live_arenas()
+    file_bytes = sum(a["file_backed_bytes"] for a in live)
+    if file_bytes == 0:
+        return True
+    resident = sum(max(a["resident_bytes"] - a["anon_bytes"], 0) for a in live)
+    cgroup = _cgroup_memory()
+    ram = _stat_field_kb("/proc/meminfo", "MemTotal:")
+    ram = ram if cgroup is None else min(ram, cgroup[0])
+    capacity = min(ram - _smaps_rollup().get("Anonymous", 0), resident + memory_headroom_bytes())
+    return file_bytes <= capacity
 
 
 def _stat_field_kb(path, field):

@@ -28,7 +28,7 @@ class InferenceOnlyError(RuntimeError):
 def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 w13: torch.Tensor, w2: torch.Tensor, *, w13_bias: Optional[torch.Tensor] = None,
                 w2_bias: Optional[torch.Tensor] = None, activation: str = "silu",
-                swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+                swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: bool = False) -> torch.Tensor:
     """Fused MoE forward over packed experts.
 
     hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
@@ -39,15 +39,17 @@ def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     ``w13_bias`` [E, 2I] holds bg (columns [0, I)) then bu, ``w2_bias`` [E, H] is bd
     (both optional, read as fp32). ``activation``: ``"silu"`` (silu(gate) · up) or
     ``"swiglu_oai"`` (gpt-oss: g = min(gate, limit), u = clamp(up, ±limit),
-    g · sigmoid(alpha · g) · (u + 1)).
+    g · sigmoid(alpha · g) · (u + 1)). ``prefetch=True`` first starts the reads of
+    the routed experts' packed rows (``MADV_WILLNEED``), for file-backed experts
+    that may not be in RAM; the output is the same.
     """
     return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias, w2_bias,
-                                       activation, swiglu_alpha, swiglu_limit)
+                                       activation, swiglu_alpha, swiglu_limit, prefetch)
 
 
 @torch.library.register_fake("ktmoe::moe_forward")
 def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
-                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0, prefetch=False):
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
     torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
                  lambda: "hidden_states must be bfloat16, float16 or float32")
