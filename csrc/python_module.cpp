@@ -211,7 +211,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const ktmoe::ProcessArenaStats s = ktmoe::KtWeightArena::process_stats();
     py::dict d = arena_stats_dict(s);
     d["arenas"] = s.arenas;
-    d["created"] = s.created;
     return d;
   });
   m.def("live_arenas", [] {

@@ -55,6 +55,7 @@ std::string check_dir(const std::string& dir) {
 struct ProcessTotals {
   std::mutex mutex;
   ProcessArenaStats stats;
+  int64_t next_id = 0;
   std::vector<std::weak_ptr<KtWeightArena>> arenas;  // creation order
 };
 ProcessTotals& totals() {
@@ -87,7 +88,7 @@ KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptio
     : dir_(std::move(dir)), name_(std::move(name)), options_(options) {
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas += 1;
-  id_ = totals().stats.created++;
+  id_ = totals().next_id++;
 }
 
 void KtWeightArena::open_file() {

@@ -82,8 +82,7 @@ struct ArenaStats {
 // Process-wide totals: the ArenaStats fields summed over live arenas, except
 // fallbacks (since process start) and fallback_reasons (distinct, first seen first).
 struct ProcessArenaStats : ArenaStats {
-  int64_t arenas = 0;   // live arenas
-  int64_t created = 0;  // arenas made in this process so far (never decreases; the next arena's id)
+  int64_t arenas = 0;  // live arenas
 };
 
 struct ArenaOptions {
