@@ -11,15 +11,16 @@ import torch
 import torch_ktmoe
 from tests.conftest import random_experts, random_routing
 from torch_ktmoe import KTMoE, memory, ops
+from torch_ktmoe.layer_residency import Residency
 
 E, K, H, I = 8, 2, 256, 128
 
 
 @pytest.fixture(autouse=True)
 def _fresh_fit_answer():
-    KTMoE._file_experts_fit = True
+    Residency._file_experts_fit = True
     yield
-    KTMoE._file_experts_fit = True
+    Residency._file_experts_fit = True
 
 
 def _subdir(path, name):

@@ -1,7 +1,6 @@
-"""KTMoE: an nn.Module over packed experts, the Hugging Face experts signature."""
-import copy
+"""KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
+(warm and read-ahead: layer_residency.py; copy and pickle: layer_copies.py)."""
 import os
-import warnings
 from typing import List, Optional, Union
 
 import torch
@@ -11,13 +10,15 @@ from . import cache as _cache
 from . import ops
 from ._native import _C
 from .arena import WeightArena
+from .layer_copies import Copies
+from .layer_residency import Residency
 
 
 WARM_MODES = ("none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
 
 
-class KTMoE(nn.Module):
+class KTMoE(Residency, Copies, nn.Module):
     """The routed experts of one MoE layer, run by ``torch.ops.ktmoe.moe_forward``.
 
     Args:
@@ -283,75 +284,13 @@ class KTMoE(nn.Module):
         self._after_load()
 
     def _after_load(self):
-        self._auto_prefetch = self.prefetch_mode == "auto" and any(
-            a.file_mode and a.stats()["file_backed_bytes"] for a in self.arenas)
-        if self._auto_prefetch:  # every load asks again: the last layer loaded sees the whole model
-            from .memory import file_experts_fit_in_memory
-
-            KTMoE._file_experts_fit = file_experts_fit_in_memory()
+        self._decide_prefetch()
         if self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
-
-    def warm(self, wait: bool = True) -> bool:
-        """Prefault this layer's expert files so the first forward runs at steady speed.
-
-        Pages not in the page cache are read with ``read()`` (sequential
-        readahead in large folios); pages already cached are read once through
-        the mapping (on a VM that hands free memory back to its host, the first
-        CPU access to a page the disk filled costs microseconds, which would
-        otherwise land in the first forwards); then ``MADV_POPULATE_READ``
-        (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
-        them. ``wait=False`` returns at once and reads on one background thread
-        per arena (joined when the arena goes).
-
-        When the experts do not fit in RAM, reading all of them would evict the
-        hot experts (and anything else) to bring in cold ones, which is worse than
-        faulting on demand. So warm reads only when the bytes still missing fit in
-        the memory headroom (``MemAvailable``, or the memory cgroup's, see
-        :func:`torch_ktmoe.memory.memory_headroom_bytes`); otherwise it skips the
-        whole layer with a :class:`ResourceWarning` and returns False (experts
-        then fault in on first use, as without warm). Anonymous experts are
-        always resident: returns True at once.
-        """
-        from .memory import memory_headroom_bytes
-
-        file_arenas = [a for a in self.arenas if a.file_mode]
-        if not file_arenas:
-            return True
-        missing = sum(a.stats()["file_backed_bytes"] for a in file_arenas) - \
-            sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in file_arenas)
-        headroom = memory_headroom_bytes()
-        if missing > headroom:
-            warnings.warn(f"KTMoE(layer {self.layer_idx}): not warming {missing / 2**20:.0f} MiB of experts: "
-                          f"only {headroom / 2**20:.0f} MiB of memory headroom (warming would evict "
-                          "the hot set); experts fault in on first use", ResourceWarning, stacklevel=2)
-            return False
-        for a in file_arenas:
-            a.prefault(wait)
-        return True
-
-    def join_warm(self) -> None:
-        """Waits for a background :meth:`warm` to finish."""
-        for a in self.arenas:
-            a.join_prefault()
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes of this layer's packed experts in RAM (``mincore`` over its files)."""
-        return sum(a.resident_bytes() for a in self.arenas)
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
         return [(getattr(self, f"w13_{p}"), getattr(self, f"w2_{p}")) for p in range(self.numa_parts)]
-
-    # Whether the file-backed experts of all live arenas fit in RAM together (memory.file_experts_fit_in_memory),
-    # as of the last load of a prefetch="auto" layer with file-backed experts; shared by all layers.
-    _file_experts_fit = True
-
-    @property
-    def prefetching(self) -> bool:
-        """Whether forwards read ahead the routed experts now (``prefetch`` resolved)."""
-        return self.prefetch_mode is True or (self._auto_prefetch and not KTMoE._file_experts_fit)
 
     # ---------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
@@ -390,16 +329,6 @@ class KTMoE(nn.Module):
             gate_up = torch.cat([h[0] for h in halves] + [h[1] for h in halves], 1)
         return gate_up, self._buffers["b2_0"]
 
-    # ---------------------------------------------------------------- copies
-    def __deepcopy__(self, memo):
-        """A new module sharing the packed experts (immutable) and their arenas; the rest is copied."""
-        new = self.__class__.__new__(self.__class__)
-        memo[id(self)] = new
-        for obj in [*self.arenas, *(t for pair in self.packed_tensors() for t in pair)]:
-            memo[id(obj)] = obj
-        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return new
-
     def _constructor_kwargs(self) -> dict:
         return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.hidden_size,
                     intermediate_size=self.intermediate_size, weight_format=self.weight_format,
@@ -409,33 +338,6 @@ class KTMoE(nn.Module):
                     verify=self.verify, cache_trust_others=self.cache_trust_others,
                     activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
                     prefetch=self.prefetch_mode)
-
-    def __reduce__(self):
-        kwargs, where = self._constructor_kwargs(), f"KTMoE(layer {self.layer_idx})"
-        biases = self.biases()  # small: always by value
-        if not self.loaded:
-            return (_unpickle_ktmoe, (kwargs, None, biases))
-        stats = self.arena_stats()
-        if all(s["file_backed_bytes"] == 0 for s in stats):  # anonymous: by value
-            data = [(w13.numpy().copy(), w2.numpy().copy()) for w13, w2 in self.packed_tensors()]
-            return (_unpickle_ktmoe, (dict(kwargs, mmap_experts_dir=None, cache=None), ("bytes", data), biases))
-        if any(s["anon_bytes"] for s in stats):
-            raise TypeError(f"cannot pickle {where}: part of its experts fell back to anonymous memory "
-                            f"and part is file-backed in {self.mmap_experts_dir}; another process could "
-                            "not rebuild that mix. Copy it in-process with copy.deepcopy, or reload it there.")
-        if self.cache == "off" or self.cache_fingerprint is None:
-            raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files "
-                            "(cache='off') that no other process can open, and copying them by value "
-                            "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
-                            "maps the same cache files), or copy.deepcopy in-process.")
-        if not all(a.read_only and not a.cache_refusal for a in self.arenas):  # no kept file to map
-            why = "; ".join(dict.fromkeys(a.cache_refusal for a in self.arenas if a.cache_refusal)) or (
-                "no cache file was kept")
-            raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files that no "
-                            f"other process can open: the cache in {self.mmap_experts_dir} kept no file ({why}). "
-                            "Use a cache directory that only you can write (or cache_trust_others=True), "
-                            "or copy.deepcopy in-process.")
-        return (_unpickle_ktmoe, (dict(kwargs, cache="reuse"), ("files", self.cache_fingerprint), biases))
 
     # ---------------------------------------------------------------- reporting
     @property
@@ -464,21 +366,3 @@ class KTMoE(nn.Module):
                 f"intermediate={self.intermediate_size}, format={self.weight_format}, {act}"
                 f"numa_parts={self.numa_parts}, packed={self.packed_bytes / 2**20:.1f} MiB, "
                 f"storage={storage}{bias}")
-
-
-def _unpickle_ktmoe(kwargs: dict, weights, biases=(None, None)) -> KTMoE:
-    m = KTMoE(**kwargs)
-    m.set_biases(*biases)
-    if weights is None:
-        return m
-    kind, payload = weights
-    if kind == "bytes":
-        for p, (w13, w2) in enumerate(payload):  # into the new layer's (anonymous) arenas: 64-byte aligned
-            setattr(m, f"w13_{p}", m.arenas[p].empty(w13.shape).copy_(torch.from_numpy(w13)))
-            setattr(m, f"w2_{p}", m.arenas[p].empty(w2.shape).copy_(torch.from_numpy(w2)))
-        return m
-    if not m.try_load_cached(payload):
-        reasons = "; ".join(f"{e['name']}: {e['reason']}" for e in m.cache_events) or "no cache"
-        raise RuntimeError(f"unpickling KTMoE(layer {m.layer_idx}): the packed cache files in "
-                           f"{m.mmap_experts_dir} are missing or no longer valid ({reasons})")
-    return m
