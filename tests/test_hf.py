@@ -233,6 +233,23 @@ def test_from_pretrained_equals_patch_model(kind, saved):
     assert torch.equal(logits(streamed), logits(ref))
 
 
+def test_private_load_hook_still_fits(saved):
+    """hf.from_pretrained's one private dependency: fails loudly when transformers changes it."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    raw = PreTrainedModel.__dict__.get("_load_pretrained_model")
+    assert isinstance(raw, staticmethod), "PreTrainedModel._load_pretrained_model is gone or no longer static"
+    params = list(inspect.signature(raw.__func__).parameters)
+    assert params[:4] == ["model", "state_dict", "checkpoint_files", "load_config"], params
+    seen = {}
+    with hf._before_and_after_weight_loading(lambda m: seen.update(before=type(m)),
+                                             lambda m, info: seen.update(after=info)) as fired:
+        AutoModelForCausalLM.from_pretrained(saved["qwen3_moe"], dtype=torch.float32)
+    assert fired and seen["before"].__name__ == "Qwen3MoeForCausalLM"
+    assert isinstance(seen["after"].unexpected_keys, (set, list)), "the loading info lost unexpected_keys"
+    assert PreTrainedModel.__dict__["_load_pretrained_model"] is raw  # restored
+
+
 def test_from_pretrained_fused_checkpoint_keys(saved, tmp_path):
     """A checkpoint holding fused ``experts.gate_up_proj [E,2I,H]`` / ``experts.down_proj [E,H,I]`` keys."""
     src = saved["qwen3_moe"]
