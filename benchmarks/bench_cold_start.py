@@ -289,7 +289,7 @@ def main(argv=None) -> int:
         print("bench_cold_start: needs root, to drop the page cache (echo 3 > /proc/sys/vm/drop_caches)",
               file=sys.stderr)
         return 2
-    from torch_ktmoe.demo import make_workdir
+    from ktmoe_harness.checkpoint import make_workdir
 
     rows = [r for r in args.rows.split(",") if r]
     work = make_workdir(args, "ktmoe-cold-start-")

@@ -1,0 +1,44 @@
+"""Benchmarks never run under pytest, so their imports are checked here: every project module
+(torch_ktmoe, ktmoe_harness, benchmarks) that a benchmark or harness file imports, at any depth
+(imports inside functions included), must exist and hold the names taken from it."""
+import ast
+import importlib
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OURS = ("torch_ktmoe", "ktmoe_harness", "benchmarks")
+FILES = sorted([*ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("ktmoe_harness/**/*.py")])
+
+
+def _project_imports(path: pathlib.Path):
+    """(module, name or None, line) for every import of a project module in the file."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in OURS:
+                    yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            if module.split(".")[0] in OURS:
+                for alias in node.names:
+                    yield module, alias.name, node.lineno
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(f.relative_to(ROOT)) for f in FILES])
+def test_project_imports_resolve(path):
+    for module, name, line in _project_imports(path):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            pytest.fail(f"{path.name}:{line}: imports {module}, which does not exist ({e})")
+        if name is not None and name != "*" and not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")  # a submodule
+            except ModuleNotFoundError:
+                pytest.fail(f"{path.name}:{line}: from {module} import {name}: no such name")
