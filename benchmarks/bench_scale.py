@@ -121,8 +121,7 @@ def run_one(system, routing, limit, model_path, harness, args):
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     if system.startswith("ours"):
         argv = [sys.executable, "-m", "benchmarks.scale.decode_ours", model_path, routing, str(args.threads), toks]
-        env.update(KTMOE_SCALE_DTYPE=args.ours_dtype,
-                   KTMOE_SCALE_ADVICE=system.split("-", 1)[1] if "-" in system else "library")
+        env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto")
     else:
         from benchmarks.scale.gen_gguf import set_routing
 
@@ -166,8 +165,7 @@ def fmt_table(results) -> str:
         if r["system"] == "ours-anonymous":
             continue
         name = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap",
-                "ours-willneed": "torch_ktmoe + WILLNEED on routed experts (prototype)",
-                "ours-normal": "torch_ktmoe + MADV_NORMAL (prototype)"}.get(r["system"], r["system"])
+                "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False"}.get(r["system"], r["system"])
         lim = "none" if r["limit"] == "none" else f"{r['limit']} GiB"
         if "tok_s_median" in r:
             lines.append(f"| {name} | {r['routing']} | {lim} | {r['tok_s_median']:.2f} | {r['tok_s_min']:.2f} | "
@@ -194,7 +192,7 @@ def main(argv=None):
     ap.add_argument("--limits", default="none,16,12", help="GiB, comma separated; 'none' = no cgroup")
     ap.add_argument("--routings", default="uniform,zipf")
     ap.add_argument("--systems", default="ours,llama",
-                    help="ours, llama, and the advice prototypes ours-willneed, ours-normal (decode_ours.py)")
+                    help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), llama")
     ap.add_argument("--ours-dtype", default="bfloat16", help="dtype of ours' non-expert weights")
     ap.add_argument("--omp-wait-policy", default="passive",
                     help="OMP_WAIT_POLICY of both systems (both use OpenMP; on a shared, loaded 2-core host "

@@ -10,12 +10,9 @@ seeded sequence, as in the llama.cpp harness, so the router sees the same kind o
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
 Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults), and the routing counts.
 
-KTMOE_SCALE_ADVICE (an experiment on the mapping's advice, from Python, library unchanged):
-  "library" (default): the arena's own MADV_RANDOM (+ MADV_HUGEPAGE): a fault reads one page;
-  "normal":   madvise(MADV_NORMAL) over every packed tensor after loading: faults read around;
-  "willneed": as "library", plus a pre-hook on every experts block that issues MADV_WILLNEED over the
-              routed experts' byte ranges (all 8 at once) before the op runs: the kernel reads each
-              range with large asynchronous requests instead of one page per fault.
+KTMOE_SCALE_PREFETCH: "auto" (default; KTMoE's prefetch="auto", which reads the routed experts ahead
+with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup: here always) or "off"
+(prefetch=False: a fault reads one page, the arena's mappings are MADV_RANDOM).
 
 --anon-pack N instead packs N random layers of experts into anonymous memory (no mmap_experts_dir),
 printing a line per layer: the anonymous-mode failure demonstration under a memory cgroup.
@@ -59,52 +56,6 @@ def anon_pack(n_layers: int, threads: int):
     emit(event="anon_done")
 
 
-MADV_NORMAL, MADV_WILLNEED = 0, 3
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _libc():
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
-
-
-def _advise(libc, addr: int, nbytes: int, advice: int):
-    lo = addr & ~(PAGE - 1)
-    hi = (addr + nbytes + PAGE - 1) & ~(PAGE - 1)
-    if libc.madvise(lo, hi - lo, advice) != 0:
-        import ctypes
-
-        raise OSError(ctypes.get_errno(), f"madvise({advice})")
-
-
-def apply_advice(model, advice: str):
-    from torch_ktmoe.integrations.transformers_experts import KTMoEExperts
-
-    libc = _libc()
-    adapters = [m for m in model.modules() if isinstance(m, KTMoEExperts)]
-    for a in adapters:
-        for w13, w2 in a.ktmoe.packed_tensors():
-            if advice == "normal":
-                for t in (w13, w2):
-                    _advise(libc, t.data_ptr(), t.numel() * t.element_size(), MADV_NORMAL)
-    if advice != "willneed":
-        return
-
-    def pre_hook(mod, args):
-        ids = args[1].reshape(-1).unique().tolist()
-        for w13, w2 in mod.ktmoe.packed_tensors():
-            for t in (w13, w2):
-                per = t.numel() * t.element_size() // t.shape[0]
-                for e in ids:
-                    _advise(libc, t.data_ptr() + e * per, per, MADV_WILLNEED)
-
-    for a in adapters:
-        a.register_forward_pre_hook(pre_hook)
-
-
 def main():
     path, routing, threads, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if path == "--anon-pack":
@@ -117,7 +68,9 @@ def main():
 
     t0 = time.time()
     dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
-    model = hf.from_pretrained(path, dtype=dtype)
+    prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
+    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
+    prefetching = all(m.prefetching for m in model.modules() if hasattr(m, "prefetching"))
     model.eval()
     with torch.no_grad():
         model.model.embed_tokens.weight[:, C.D0] = C.ZIPF_C if routing == "zipf" else 0.0
@@ -131,7 +84,7 @@ def main():
 
     for i, l in enumerate(layers):
         l.mlp.gate.register_forward_hook(hook(i))
-    expert_s = [0.0]  # time inside the experts blocks (the op, and any advice pre-hook)
+    expert_s = [0.0]  # time inside the experts blocks
 
     def t_pre(mod, args):
         mod._t0 = time.perf_counter()
@@ -142,11 +95,8 @@ def main():
     for l in layers:
         l.mlp.experts.register_forward_pre_hook(t_pre, prepend=True)
         l.mlp.experts.register_forward_hook(t_post)
-    advice = os.environ.get("KTMOE_SCALE_ADVICE", "library")
-    if advice != "library":
-        apply_advice(model, advice)
     maj, mnr = faults()
-    emit(event="loaded", advice=advice, load_s=time.time() - t0, majflt=maj, minflt=mnr, t=time.time())
+    emit(event="loaded", prefetch=prefetch, prefetching=prefetching, load_s=time.time() - t0, majflt=maj, minflt=mnr, t=time.time())
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
