@@ -137,21 +137,20 @@ def file_experts_fit_in_memory() -> bool:
     """Whether the file-backed experts of all live arenas can stay in RAM together.
 
     Their bytes against the smaller of: RAM (or the memory cgroup's limit) less this
-    process's anonymous memory, and what of them is resident now plus the memory
-    headroom (:func:`memory_headroom_bytes`). False: a model bigger than RAM (or its
-    cgroup), whose cold experts are read from disk again while it runs. KTMoE's
-    ``prefetch="auto"`` reads ahead the routed experts then.
+    process's anonymous memory, and its mapped file pages plus the memory headroom
+    (:func:`memory_headroom_bytes`). False: a model bigger than RAM (or its cgroup),
+    whose cold experts are read from disk again while it runs. KTMoE's
+    ``prefetch="auto"`` reads ahead the routed experts then. Every figure is a kernel
+    counter (no page-table walk, no ``mincore``): each layer's load can ask.
     """
-    live = _C.live_arenas()
-    file_bytes = sum(a["file_backed_bytes"] for a in live)
+    file_bytes = _C.process_arena_stats()["file_backed_bytes"]
     if file_bytes == 0:
         return True
-    resident = sum(max(a["resident_bytes"] - a["anon_bytes"], 0) for a in live)
     cgroup = _cgroup_memory()
     ram = _stat_field_kb("/proc/meminfo", "MemTotal:")
     ram = ram if cgroup is None else min(ram, cgroup[0])
-    capacity = min(ram - _smaps_rollup().get("Anonymous", 0), resident + memory_headroom_bytes())
-    return file_bytes <= capacity
+    anon, mapped_file = _stat_field_kb("/proc/self/status", "RssAnon:"), _stat_field_kb("/proc/self/status", "RssFile:")
+    return file_bytes <= min(ram - anon, mapped_file + memory_headroom_bytes())
 
 
 def _stat_field_kb(path, field):
