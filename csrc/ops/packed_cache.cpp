@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "arena/cache_inspect.h"
+#include "arena/read_ahead.h"
 #include "kernels/pack.h"
 #include "kernels/packed_header_check.h"
 #include "ops/arena_tensor.h"
@@ -70,6 +71,11 @@ std::string check_expert_headers(const PackedCacheKey& key, const std::vector<vo
       packed_matrix_header(format, MatrixRole::kGateUp, 2 * part_inter, key.hidden, key.group_size),
       packed_matrix_header(format, MatrixRole::kDown, key.hidden, part_inter, key.group_size)};
   const int64_t row_bytes[2] = {key.w13_bytes, key.w2_bytes};
+  // One page per header, each a disk read when the file is cold: queue them all first (asynchronous),
+  // so the checks below wait for reads in flight together, not one page fault after another.
+  for (int t = 0; t < 2; ++t)
+    for (int64_t e = 0; e < key.experts; ++e)
+      read_ahead(static_cast<const uint8_t*>(tensors[t]) + e * row_bytes[t], sizeof(PackedMatrixHeader));
   for (int t = 0; t < 2; ++t) {
     for (int64_t e = 0; e < key.experts; ++e) {
       const auto* h = reinterpret_cast<const PackedMatrixHeader*>(static_cast<const uint8_t*>(tensors[t]) +
