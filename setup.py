@@ -108,7 +108,8 @@ setup(
             "torch_ktmoe._C",
             aten_sources,
             include_dirs=[str(CSRC)],
-            extra_compile_args={"cxx": ["-O3", "-fopenmp"]},
+            # hidden: pybind11 declares its own types hidden; ours must match (no -Wattributes noise)
+            extra_compile_args={"cxx": ["-O3", "-fopenmp", "-fvisibility=hidden"]},
             extra_link_args=["-fopenmp"],
         )
     ],
