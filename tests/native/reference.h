@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 
+#include "kernels/generic/bf16_scalar.h"  // f32_bits / f32_from_bits (bit casts only; the rounding here stays independent)
 #include "kernels/packed_format.h"
 
 namespace ktmoe_test {
@@ -52,26 +53,16 @@ struct Rng {
   int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
 };
 
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float bf16_value(uint16_t h) { return float_of(uint32_t(h) << 16); }
+inline float bf16_value(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
 // Independent RNE reference: the nearer of the two bf16 neighbours, ties to even.
 inline uint16_t ref_bf16(float f) {
-  const uint32_t u = bits_of(f);
+  const uint32_t u = f32_bits(f);
   if (std::isnan(f)) return uint16_t((u >> 16) | 0x40u);
   if (std::isinf(f)) return uint16_t(u >> 16);
   const uint32_t sign = u & 0x80000000u, mag = u & 0x7FFFFFFFu, lo = mag & 0xFFFF0000u;
   const int expo = int(lo >> 23);
   const double ulp = std::ldexp(1.0, (expo == 0 ? 1 : expo) - 127 - 7);
-  const double x = double(float_of(mag)), a = double(float_of(lo));
+  const double x = double(f32_from_bits(mag)), a = double(f32_from_bits(lo));
   const double d_lo = x - a, d_hi = a + ulp - x;
   const bool take_lo = d_lo < d_hi || (d_lo == d_hi && ((lo >> 16) & 1u) == 0);
   return uint16_t((sign | (take_lo ? lo : lo + 0x10000u)) >> 16);

@@ -94,7 +94,7 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
         for (int64_t r = 0; r < m; ++r) {
           std::vector<int8_t> rq(static_cast<size_t>(kp));
           const float rs = ref_quantize_row(x.data() + r * ldx, k, kp, rq.data());
-          bad += bits_of(s[r]) != bits_of(rs);
+          bad += f32_bits(s[r]) != f32_bits(rs);
           for (int64_t c = 0; c < kp; ++c) bad += q[size_t(r * ldq + c)] != rq[c];
           for (int64_t c = kp; c < ldq; ++c) bad += q[size_t(r * ldq + c)] != 99;
           for (int64_t G = 0; G < ng; ++G) {

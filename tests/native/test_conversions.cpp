@@ -17,7 +17,7 @@ void test_to_bf16(const IsaKernels& isa, Rng& rng) {
       0x7FFFFFFFu, 0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x80008001u};
   while (u.size() < 4099) u.push_back(uint32_t(rng.next()));
   std::vector<float> x(u.size());
-  for (size_t i = 0; i < u.size(); ++i) x[i] = float_of(u[i]);
+  for (size_t i = 0; i < u.size(); ++i) x[i] = f32_from_bits(u[i]);
   int64_t bad = 0;
   for (int64_t off : {0, 1}) {
     for (int64_t n : {int64_t(1), int64_t(7), int64_t(33), int64_t(x.size()) - off}) {
@@ -27,7 +27,7 @@ void test_to_bf16(const IsaKernels& isa, Rng& rng) {
         const float xi = x[size_t(off + i)];
         const uint16_t got = y[size_t(off + i)];
         if (std::isnan(xi))
-          bad += !std::isnan(bf16_value(got)) || (got >> 15) != (bits_of(xi) >> 31);
+          bad += !std::isnan(bf16_value(got)) || (got >> 15) != (f32_bits(xi) >> 31);
         else
           bad += got != ref_bf16(xi);
       }
@@ -55,14 +55,14 @@ void test_f16(const IsaKernels& isa, Rng& rng) {
   for (int64_t off : {0, 1}) {
     for (int64_t n : {int64_t(1), int64_t(7), int64_t(33), int64_t(u.size()) - off}) {
       std::vector<float> x(u.size());
-      for (size_t i = 0; i < u.size(); ++i) x[i] = float_of(u[i]);
+      for (size_t i = 0; i < u.size(); ++i) x[i] = f32_from_bits(u[i]);
       std::vector<uint16_t> y(static_cast<size_t>(n) + 2, 0xABCD);
       isa.f32_to_f16(x.data() + off, y.data() + off, n);
       for (int64_t i = 0; i < n; ++i) {
         const float xi = x[size_t(off + i)];
         const uint16_t got = y[size_t(off + i)];
         if (std::isnan(xi))
-          bad += (got & 0x7E00) != 0x7E00 || (got >> 15) != (bits_of(xi) >> 31) || (got & 0x1FF) != ((bits_of(xi) >> 13) & 0x1FF);
+          bad += (got & 0x7E00) != 0x7E00 || (got >> 15) != (f32_bits(xi) >> 31) || (got & 0x1FF) != ((f32_bits(xi) >> 13) & 0x1FF);
         else
           bad += got != ref_f16(xi);
       }
@@ -78,7 +78,7 @@ void test_f16(const IsaKernels& isa, Rng& rng) {
     const double ref = ref_f16_value(uint16_t(i));
     const float got = f[i + 1];
     if (std::isnan(ref))
-      bad += !std::isnan(got) || (bits_of(got) >> 31) != (i >> 15);
+      bad += !std::isnan(got) || (f32_bits(got) >> 31) != (i >> 15);
     else
       bad += double(got) != ref || std::signbit(got) != bool(i & 0x8000);
   }

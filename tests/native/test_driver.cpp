@@ -60,7 +60,7 @@ void test_driver(const std::vector<Isa>& isas, Rng& rng) {
             bool all_masked = true;
             for (int64_t j = 0; j < K; ++j) all_masked = all_masked && in.ids[size_t(t * K + j)] < 0;
             if (all_masked) {
-              for (int64_t c = 0; c < H; ++c) masked_zero = masked_zero && bits_of(out[size_t(t * H + c)]) == 0;
+              for (int64_t c = 0; c < H; ++c) masked_zero = masked_zero && f32_bits(out[size_t(t * H + c)]) == 0;
             } else {
               worst_row = std::max(worst_row, rel_l1(out, emu, t * H, (t + 1) * H, &slack));
             }

@@ -51,7 +51,7 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
   const auto* hw = reinterpret_cast<const PackedMatrixHeader*>(blob.get());
   const Decoded D = decode(blob.get());
   const int64_t kp = D.kp, nb = D.np / 16;
-  const float sentinel = float_of(0x7FC12345u);
+  const float sentinel = f32_from_bits(0x7FC12345u);
   double worst = 0, dense_num = 0, dense_den = 0;
   bool guards = true, splits = true;
   for (int64_t m : {1, 3, 8, 17, 64}) {
@@ -117,7 +117,7 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
           const double err = std::fabs(double(c[size_t(r * ldc + j)]) - ref[e]);
           worst = std::max(worst, std::isfinite(err) ? err / tol[e] : 1e30);
         }
-        for (int64_t j = cols; j < ldc; ++j) guards = guards && bits_of(c[size_t(r * ldc + j)]) == bits_of(sentinel);
+        for (int64_t j = cols; j < ldc; ++j) guards = guards && f32_bits(c[size_t(r * ldc + j)]) == f32_bits(sentinel);
       }
       if (b0 == 0 && b1 == nb) {
         full.assign(size_t(m * cols), 0.f);

@@ -64,7 +64,7 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
       float amax = 0;
       if (r >= 0)
         for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
-      bad_val += bits_of(D.s[pr]) != bits_of(amax / 127.f);
+      bad_val += f32_bits(D.s[pr]) != f32_bits(amax / 127.f);
     }
     if (f == WeightFormat::kINT4)
       for (int64_t G = 0; G < D.ng; ++G) {
