@@ -78,33 +78,44 @@ def _round_half_away(x):
     return torch.sign(x) * torch.floor(x.abs() + 0.5)
 
 
-def quantize_int4(w, group=32, shrink=(1.0, 0.95, 0.9, 0.85, 0.8)):
-    """Group-wise asymmetric int4 of w [..., n, k] along k, dequantized (fp32).
+INT4_LEVELS = (-63, -48, -37, -29, -22, -15, -9, -3, 3, 9, 15, 22, 29, 37, 48, 63)
+INT4_SCALE_FACTORS = (1.1, 1.05, 1.0, 0.95, 0.9, 0.85)
 
-    Per group of `group` valid columns: [lo, hi] = [min, max] scaled by each shrink
-    factor; d = bf16((hi - lo) / 15), l = bf16(lo), q = clamp(round((w - l) / d), 0, 15);
-    keep the factor with the least squared error (the first on ties). A trailing
+
+def _int4_assign(g, d, valid, levels, mids):
+    """Nearest level (ties to the lower) of g / d (0 where not valid), and the squared error per group (double)."""
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
+    lv = levels[(g.mul(inv).unsqueeze(-1) > mids).sum(-1)] * valid
+    return lv, (((g.double() - d.double() * lv.double()) ** 2) * valid).sum(-1, keepdim=True)
+
+
+def quantize_int4(w, group=32):
+    """Group-wise codebook int4 of w [..., n, k] along k, dequantized (fp32).
+
+    Per group of `group` valid columns, m = max|w|: for each scale factor f,
+    d = bf16(m / 63 * f) and its refit d' = bf16(Σ w·L / Σ L²) over d's levels L;
+    each assigns every weight its nearest level of INT4_LEVELS (w / d); the
+    candidate with the least squared error (the first on ties) is kept. A trailing
     partial group uses only its valid columns.
     """
     w = w.float()
     *lead, n, k = w.shape
     pad = (-k) % group
-    valid = F.pad(torch.ones(k, dtype=torch.bool), (0, pad)).reshape(k // group + bool(pad), group)
-    g = F.pad(w, (0, pad)).reshape(*lead, n, valid.shape[0], group)
-    mn = torch.where(valid, g, torch.inf).amin(-1, keepdim=True)
-    mx = torch.where(valid, g, -torch.inf).amax(-1, keepdim=True)
-    best, best_err = None, None
-    for f in shrink:
-        lo, hi = mn * f, mx * f
-        d, l = _bf16((hi - lo) / 15), _bf16(lo)
-        q = torch.where(d > 0, _round_half_away((g - l) / torch.where(d > 0, d, 1)).clamp(0, 15), 0)
-        deq = q * d + l
-        err = (((deq.double() - g.double()) ** 2) * valid).sum(-1, keepdim=True)
-        if best is None:
-            best, best_err = deq, err
-        else:
-            better = err < best_err
-            best = torch.where(better, deq, best)
+    valid = F.pad(torch.ones(k), (0, pad)).reshape((k + pad) // group, group)
+    g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)
+    levels = torch.tensor(INT4_LEVELS, dtype=torch.float32)
+    mids = (levels[:-1] + levels[1:]) / 2
+    m = g.abs().amax(-1, keepdim=True)
+    best, best_err = torch.zeros_like(g), torch.full_like(m, torch.inf, dtype=torch.float64)
+    for f in INT4_SCALE_FACTORS:
+        d = _bf16(m / 63 * torch.tensor(f, dtype=torch.float32))
+        lv, _ = _int4_assign(g, d, valid, levels, mids)
+        refit = _bf16(((g.double() * lv).sum(-1, keepdim=True) / (lv.double() ** 2).sum(-1, keepdim=True)).float())
+        for cand in (d, refit):
+            cand = torch.where(cand > 0, cand, 0)
+            lv, err = _int4_assign(g, cand, valid, levels, mids)
+            better = (cand > 0) & (err < best_err)
+            best = torch.where(better, lv * cand, best)
             best_err = torch.where(better, err, best_err)
     return best.reshape(*lead, n, k + pad)[..., :k]
 

@@ -2,7 +2,7 @@
 
 Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops:
 ``bf16`` gives back the packed bf16 values exactly; ``int8`` / ``int4`` give the
-dequantized weights (``s * (u - 128)``, ``d * q + lo``), which is what the kernels
+dequantized weights (``s * (u - 128)``, ``d * L[q]``), which is what the kernels
 multiply, not the original dense weights.
 """
 from typing import List, Tuple
@@ -10,9 +10,12 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
+from .reference import INT4_LEVELS
+
 _FORMATS = {0: "bf16", 1: "int8", 2: "int4"}
 _ROLE_GATE_UP, _ROLE_DOWN = 1, 2
 _MAGIC = 0x574D544B
+_VERSION = 2  # kPackedVersion of csrc/kernels/packed_format.h
 
 
 def packed_header(w: torch.Tensor) -> dict:
@@ -23,6 +26,8 @@ def packed_header(w: torch.Tensor) -> dict:
     data_off, scale_off, total = np.frombuffer(raw[32:56], dtype="<i8")
     if magic != _MAGIC:
         raise ValueError("not packed expert data (bad header magic)")
+    if version != _VERSION:
+        raise ValueError(f"packed expert data of layout version {version}; this build reads {_VERSION}")
     return dict(version=int(version), format=_FORMATS[int(fmt)], role=int(role), n=int(n), k=int(k),
                 np=int(np_), kp=int(kp), group=int(group), data_offset=int(data_off),
                 scale_offset=int(scale_off), total_bytes=int(total))
@@ -46,17 +51,17 @@ def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
         q = u.reshape(E, np_, kp).float() - 128.0
         s = w[:, s0:s0 + np_ * 4].contiguous().view(torch.float32)
         return q * s[:, :, None]
-    # int4: per block kp/8 octets x 16 columns x 4 bytes, low nibble k = 8j + k%4, high k = 8j + 4 + k%4;
-    # scales per (block, group): 16 bf16 d, then 16 bf16 lo
+    # int4: per block kp/8 octets x 16 columns x 4 bytes, low nibble k = 8j + k%4, high k = 8j + 4 + k%4,
+    # each an index into the codebook; scales per (block, group): 16 bf16 d
     g = h["group"]
     ng = kp // g
     b = w[:, d0:d0 + nb * kp * 8].reshape(E, nb, kp // 8, 16, 4)
     q = torch.stack([b & 0xF, b >> 4], dim=-2)  # [E, nb, kp/8, 16, 2, 4]
-    q = q.permute(0, 1, 3, 2, 4, 5).reshape(E, np_, kp).float()
-    sc = _bf16_from_u8(w[:, s0:s0 + nb * ng * 64]).reshape(E, nb, ng, 2, 16).float()
-    d = sc[:, :, :, 0].permute(0, 1, 3, 2).reshape(E, np_, ng)
-    lo = sc[:, :, :, 1].permute(0, 1, 3, 2).reshape(E, np_, ng)
-    return (q.reshape(E, np_, ng, g) * d[..., None] + lo[..., None]).reshape(E, np_, kp)
+    q = q.permute(0, 1, 3, 2, 4, 5).reshape(E, np_, kp).long()
+    levels = torch.tensor(INT4_LEVELS, dtype=torch.float32)[q]
+    sc = _bf16_from_u8(w[:, s0:s0 + nb * ng * 32]).reshape(E, nb, ng, 16).float()
+    d = sc.permute(0, 1, 3, 2).reshape(E, np_, ng)
+    return (levels.reshape(E, np_, ng, g) * d[..., None]).reshape(E, np_, kp)
 
 
 def unpack_matrix(w: torch.Tensor) -> Tuple[torch.Tensor, dict]:

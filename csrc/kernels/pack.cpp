@@ -9,15 +9,14 @@
 //   kINT8  s[n] = max|w[n]| / 127 (fp32), u = clamp(round(w / s), -127, 127) + 128.
 //          A padded *element* (k <= c < kp, or a padded row) holds u = 128, the
 //          encoding of weight 0 ("padded weights are 0"); padded rows have s = 0.
-//   kINT4  per (row, group): [lo, hi] = [min, max] of the row's valid values in
-//          the group, each shrink factor f in {1, .95, .9, .85, .8} scales both ends
-//          (lo*f, hi*f: clips the tails), d = (hi - lo) / 15, d and lo rounded to
-//          bf16, q = clamp(round((w - lo_bf16) / d_bf16), 0, 15); the factor with
-//          the smallest squared error of the reconstruction d_bf16*q + lo_bf16
-//          (computed in double, first one wins ties) is kept. d_bf16 == 0 (a
-//          constant group, or a range too small for bf16) gives q = 0 and lo =
-//          bf16(min). Padded columns hold q = 0; groups or rows entirely in
-//          padding hold q = 0, d = lo = 0.
+//   kINT4  per (row, group) of valid values v (codebook L = kInt4Levels, m = max|v|):
+//          for each factor f in kInt4ScaleFactors, d = bf16(m / 63 * f), q = the
+//          nearest level of v * (1/d) (ties to the lower level), then the
+//          refit d' = bf16(Σ v·L[q] / Σ L[q]²) (double) with q re-chosen for d'.
+//          Of these candidates (f's d, then its d', in order) the one with the
+//          smallest squared error Σ (v - d·L[q])² (double) is kept; ties keep the
+//          first. m = 0 gives d = 0, q = 0. Padded columns hold q = 0; groups or
+//          rows entirely in padding hold q = 0, d = 0.
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
@@ -29,7 +28,7 @@
 // multiple of 32 as the format requires.
 //
 // Non-finite weights are refused (std::domain_error naming row and column): int8's
-// max|w| and int4's min/max would drop a NaN and turn it into finite values.
+// max|w| and int4's max|w| would drop a NaN and turn it into finite values.
 //
 // Deterministic: plain scalar arithmetic in a fixed order, no threads.
 #include "kernels/pack.h"
@@ -47,7 +46,17 @@
 namespace ktmoe {
 namespace {
 
-constexpr float kInt4Shrink[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
+// Scale factors tried by the int4 search: measured on N(0,1) and Student-t(3) groups, more
+// (21 from 0.7 to 1.1) lower the error by < 0.1 %, fewer (1.0 alone) raise it by 4 %.
+constexpr float kInt4ScaleFactors[] = {1.1f, 1.05f, 1.0f, 0.95f, 0.9f, 0.85f};
+
+// Index of the level of kInt4Levels nearest to x (ties to the lower one): the number of
+// midpoints between adjacent levels that lie below x.
+inline uint8_t nearest_int4_level(float x) {
+  int q = 0;
+  for (int i = 0; i < 15; ++i) q += x > 0.5f * float(kInt4Levels[i] + kInt4Levels[i + 1]);
+  return static_cast<uint8_t>(q);
+}
 
 // Dense row of packed row pr, or -1 for a padded row.
 int64_t dense_row(const PackedMatrixHeader& h, int64_t pr) {
@@ -88,36 +97,46 @@ void pack_row_int8(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
   store_f32(scales + pr * 4, s);
 }
 
-// Chooses d, lo (bf16) for one group of values v[0..len) and writes q[0..len).
-void quantize_group_int4(const float* v, int64_t len, uint16_t* d_out, uint16_t* lo_out,
-                         uint8_t* q_out, uint8_t* q_tmp) {
-  float vmin = v[0], vmax = v[0];
-  for (int64_t i = 1; i < len; ++i) {
-    vmin = std::min(vmin, v[i]);
-    vmax = std::max(vmax, v[i]);
+// q_out[i] = the nearest level index of v[i] / d for the bf16 scale db; returns the squared
+// error Σ (v - d·L[q])² in double.
+double assign_int4(const float* v, int64_t len, uint16_t db, uint8_t* q_out) {
+  const float d = bf16_to_f32(db), inv = 1.f / d;
+  double err = 0.0;
+  for (int64_t i = 0; i < len; ++i) {
+    q_out[i] = nearest_int4_level(v[i] * inv);
+    const double e = double(v[i]) - double(d) * kInt4Levels[q_out[i]];
+    err += e * e;
   }
+  return err;
+}
+
+// Chooses the bf16 scale of one group of values v[0..len) and writes q[0..len) ([NOTE]).
+uint16_t quantize_group_int4(const float* v, int64_t len, uint8_t* q_out, uint8_t* q_tmp) {
+  float vmax = 0.f;
+  for (int64_t i = 0; i < len; ++i) vmax = std::max(vmax, std::fabs(v[i]));
+  std::memset(q_out, 0, static_cast<size_t>(len));
+  uint16_t best_d = 0;
   double best_err = std::numeric_limits<double>::infinity();
-  for (float f : kInt4Shrink) {
-    const float lo = vmin * f, hi = vmax * f;
-    const uint16_t db = f32_to_bf16_rne((hi - lo) / 15.f);
-    const uint16_t lb = f32_to_bf16_rne(lo);
-    const float d = bf16_to_f32(db), l = bf16_to_f32(lb);
-    double err = 0.0;
-    for (int64_t i = 0; i < len; ++i) {
-      int q = 0;
-      if (d > 0.f) q = static_cast<int>(std::min(15.f, std::max(0.f, std::round((v[i] - l) / d))));
-      q_tmp[i] = static_cast<uint8_t>(q);
-      const double e = double(v[i]) - (double(d) * q + double(l));
-      err += e * e;
-    }
-    if (err < best_err) {  // strict: the first (largest) factor wins ties
-      best_err = err;
-      *d_out = (d > 0.f) ? db : 0;
-      *lo_out = lb;
+  auto consider = [&](uint16_t db) {  // assigns q_tmp for db, keeps it if it is the best so far
+    const double err = assign_int4(v, len, db, q_tmp);
+    if (err < best_err) {  // strict: the first candidate wins ties
+      best_err = err, best_d = db;
       std::memcpy(q_out, q_tmp, static_cast<size_t>(len));
     }
-    if (!(vmax > vmin)) break;  // constant group: d = 0, q = 0, lo = bf16(value)
+  };
+  for (float f : kInt4ScaleFactors) {
+    const uint16_t db = f32_to_bf16_rne(vmax / 63.f * f);
+    if (!(bf16_to_f32(db) > 0.f)) return best_d;  // all zero (or below bf16's range): d = 0
+    consider(db);
+    double vl = 0.0, ll = 0.0;  // the refit, from q_tmp = db's levels
+    for (int64_t i = 0; i < len; ++i) {
+      const double l = kInt4Levels[q_tmp[i]];
+      vl += double(v[i]) * l, ll += l * l;
+    }
+    const uint16_t refit = f32_to_bf16_rne(static_cast<float>(vl / ll));
+    if (bf16_to_f32(refit) > 0.f) consider(refit);
   }
+  return best_d;
 }
 
 void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data,
@@ -127,11 +146,8 @@ void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
   for (int64_t G = 0; G < ngroups; ++G) {
     const int64_t c0 = G * g, len = std::min<int64_t>(h.k, c0 + g) - c0;
     if (len <= 0) break;  // the rest is padding: q = d = lo = 0 already
-    uint16_t d = 0, lo = 0;
-    quantize_group_int4(w + c0, len, &d, &lo, q_buf, q_tmp);
-    uint8_t* sc = scales + (block * ngroups + G) * 64 + i * 2;
-    store_u16(sc, d);
-    store_u16(sc + 32, lo);
+    const uint16_t d = quantize_group_int4(w + c0, len, q_buf, q_tmp);
+    store_u16(scales + (block * ngroups + G) * kInt4ScaleBytes + i * 2, d);
     for (int64_t t = 0; t < len; ++t) {
       const int64_t c = c0 + t;
       uint8_t& byte = base[(c / 8) * 64 + (c % 4)];
@@ -190,7 +206,7 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
   const int64_t data_bytes = (np / kBlockN) * block_data_bytes(format, kp);
   int64_t scale_bytes = 0;
   if (format == WeightFormat::kINT8) scale_bytes = np * int64_t(sizeof(float));
-  if (format == WeightFormat::kINT4) scale_bytes = (np / kBlockN) * (kp / g) * 64;
+  if (format == WeightFormat::kINT4) scale_bytes = (np / kBlockN) * (kp / g) * kInt4ScaleBytes;
   const int64_t data_end = round_up(h.data_offset + data_bytes, 64);
   h.scale_offset = scale_bytes ? data_end : 0;
   h.total_bytes = round_up(data_end + scale_bytes, 64);

@@ -10,9 +10,10 @@
 // is described by the header (format, role, sizes), never by flags passed around.
 //
 // Padding. np = round_up(n, 16), kp = round_up(k, 32) (kINT4: round_up(k, group),
-// so groups tile kp). Padded weights are 0 (kINT8: u = 128; kINT4: a padded column
-// of a partial group decodes to lo), so kernels zero-fill padded activation
-// columns, which makes every padded term vanish.
+// so groups tile kp). Padded weights are 0 where the format can say so (kINT8:
+// u = 128; padded rows: s = 0 / d = 0); a padded kINT4 column holds q = 0 (L = -63,
+// the codebook has no 0), so kernels zero-fill padded activation columns, which
+// makes every padded term vanish.
 //
 // Column blocks. Outputs are grouped in blocks of 16 consecutive columns
 // (block b = outputs 16b .. 16b+15). Block b's data is contiguous and blocks are
@@ -39,23 +40,31 @@
 //         (the layout vpdpbusd reads). scales: float s[np] (0 for padded rows).
 //         w = s[n] * (u - 128).
 //
-//  kINT4  group-wise asymmetric, group size g = header.group (a multiple of 32; 32
-//         by default) along k: for group G of row n, lo = min, hi = max of the
-//         group (an MSE search shrinks [lo, hi] by factors 1.0, 0.95, 0.9, 0.85,
-//         0.8 and keeps the best), d = (hi - lo) / 15, q = clamp(round((w-lo)/d), 0, 15).
-//         w = d * q + lo. d and lo are stored as bf16 and the rounding above
-//         uses the bf16-rounded d and lo.
+//  kINT4  group-wise, a 16-level codebook with one scale per group, 4.5 bits per
+//         weight at the default group g = header.group = 32 (a multiple of 32).
+//         w = d[n,G] * L[q], q a 4-bit index, L = kInt4Levels: the 16-level
+//         Lloyd-Max quantizer of a unit Gaussian (±0.128 .. ±2.733) scaled so that
+//         the outer level is 63 and rounded to integers:
+//           L = {-63,-48,-37,-29,-22,-15,-9,-3, 3,9,15,22,29,37,48,63}.
+//         d is bf16 (pack.cpp chooses it: a small search, smallest squared error).
+//         Non-uniform levels put more of them where Gaussian-like weights are dense;
+//         on N(0,1) groups of 32 the error equals the former asymmetric format's
+//         (min/max + bf16 offset, 5 bits per weight) with 10 % fewer bytes.
+//         Kernels feed u = L[q] + 64 in [1, 127] as the unsigned operand of
+//         vpdpbusd / vpmaddubsw (u <= 127 keeps vpmaddubsw's int16 pair sums,
+//         2·127·127, below 2^15); the decode of a nibble is one 16-byte table
+//         lookup (vpshufb) of kInt4U8.
 //         data: per block, kp/8 "k-octets" of 64 bytes. Byte (n%16)*4 + (k%4) of
 //         octet j holds quad 2j (k = 8j + k%4) in its low nibble and quad 2j+1
 //         (k = 8j + 4 + k%4) in its high nibble. Block stride kp*8 bytes.
-//         scales: per block, per group: 16 bf16 d then 16 bf16 lo (64 bytes):
-//         at scale byte offset  (block*(kp/g) + k/g)*64 + {0: d, 32: lo} + (n%16)*2.
+//         scales: per block, per group: 16 bf16 d (32 bytes), at scale byte
+//         offset  (block*(kp/g) + k/g)*32 + (n%16)*2.
 //
 // Activations for kINT8 / kINT4 are int8 per row (token): sx = max|x| / 127,
 // xq = round(x / sx) (signed), plus per-group sums of xq (group = header.group;
 // for kINT8 group = kp, one sum). Then
 //   kINT8:  y[n] = sx * s[n] * (Σ_k u·xq − 128·Σ_k xq)
-//   kINT4:  y[n] = sx * Σ_G ( d[n,G]·Σ_{k∈G} q·xq + lo[n,G]·Σ_{k∈G} xq )
+//   kINT4:  y[n] = sx * Σ_G d[n,G]·( Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq )   (= Σ L[q]·xq)
 // Integer dot products are exact (int32), so every ISA path gives the same
 // integers; only the float epilogue may differ in rounding.
 #pragma once
@@ -68,10 +77,14 @@ enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2 };
 enum class MatrixRole : uint8_t { kPlain = 0, kGateUp = 1, kDown = 2 };
 
 constexpr uint32_t kPackedMagic = 0x574D544Bu;  // "KTMW" little-endian
-constexpr uint16_t kPackedVersion = 1;
+constexpr uint16_t kPackedVersion = 2;  // 2: kINT4 is the codebook format (1: asymmetric)
 constexpr int64_t kBlockN = 16;  // output columns per block
 constexpr int64_t kAlignK = 32;  // kp is a multiple of this
 constexpr int64_t kDefaultInt4Group = 32;
+constexpr int kInt4Levels[16] = {-63, -48, -37, -29, -22, -15, -9, -3, 3, 9, 15, 22, 29, 37, 48, 63};
+constexpr int kInt4Offset = 64;  // u = L[q] + 64
+constexpr uint8_t kInt4U8[16] = {1, 16, 27, 35, 42, 49, 55, 61, 67, 73, 79, 86, 93, 101, 112, 127};
+constexpr int64_t kInt4ScaleBytes = 32;  // one (block, group) scale record: 16 bf16 d
 
 struct PackedMatrixHeader {
   uint32_t magic;        // kPackedMagic

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   test_pack(WeightFormat::kINT4, MatrixRole::kDown, 33, 200, 64, rng);
   test_pack(WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 40, 128, rng);
   test_pack_errors();
+  test_int4_codebook();
 
   const std::vector<Isa> isas = usable_isas();
   for (const Isa& isa : isas) {

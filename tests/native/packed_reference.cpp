@@ -39,7 +39,6 @@ Decoded decode(const uint8_t* blob) {
   D.wb.assign(size_t(D.np * D.kp), 0);
   D.s.assign(size_t(D.np), 0.f);
   D.d.assign(size_t(D.np * std::max<int64_t>(D.ng, 1)), 0.f);
-  D.lo.assign(D.d.size(), 0.f);
   auto rd16 = [&](int64_t off) {
     D.touched[off] = D.touched[off + 1] = 1;
     return uint16_t(blob[off] | (blob[off + 1] << 8));
@@ -53,9 +52,7 @@ Decoded decode(const uint8_t* blob) {
     }
     if (D.f == WeightFormat::kINT4)
       for (int64_t G = 0; G < D.ng; ++G) {
-        const int64_t off = sof + (blk * D.ng + G) * 64 + i * 2;
-        D.d[pr * D.ng + G] = bf16_value(rd16(off));
-        D.lo[pr * D.ng + G] = bf16_value(rd16(off + 32));
+        D.d[pr * D.ng + G] = bf16_value(rd16(sof + (blk * D.ng + G) * 32 + i * 2));
       }
     for (int64_t c = 0; c < D.kp; ++c) {
       const size_t e = size_t(pr * D.kp + c);
@@ -72,28 +69,46 @@ Decoded decode(const uint8_t* blob) {
         D.touched[off] = 1;
         D.wi[e] = (c % 8) < 4 ? (blob[off] & 15) : (blob[off] >> 4);
         const int64_t G = c / D.g;
-        D.w[e] = double(D.d[pr * D.ng + G]) * D.wi[e] + double(D.lo[pr * D.ng + G]);
+        D.w[e] = double(D.d[pr * D.ng + G]) * kInt4Levels[D.wi[e]];
       }
     }
   }
   return D;
 }
 
-// Spec of the int4 group search, reimplemented: the smallest squared error over
-// the shrink factors.
+// Spec of the int4 group search, reimplemented: the smallest squared error over the
+// candidate scales (each factor's d and its refit), nearest levels by distance.
 double ref_int4_best_err(const float* v, int64_t len) {
-  float vmin = v[0], vmax = v[0];
-  for (int64_t i = 1; i < len; ++i) vmin = std::min(vmin, v[i]), vmax = std::max(vmax, v[i]);
-  double best = std::numeric_limits<double>::infinity();
-  for (float f : {1.0f, 0.95f, 0.9f, 0.85f, 0.8f}) {
-    const float lo = ref_bf16_value(vmin * f), d = ref_bf16_value((vmax * f - vmin * f) / 15.f);
+  float m = 0;
+  for (int64_t i = 0; i < len; ++i) m = std::max(m, std::fabs(v[i]));
+  auto levels_err = [&](float d, std::vector<int>* lv) {
     double err = 0;
     for (int64_t i = 0; i < len; ++i) {
-      const float q = d > 0 ? std::min(15.f, std::max(0.f, std::round((v[i] - lo) / d))) : 0.f;
-      const double e = double(v[i]) - (double(d) * q + lo);
+      int best = 0;  // nearest level of v / d, the lower one on ties
+      const float x = v[i] * (1.f / d);
+      for (int q = 1; q < 16; ++q)
+        if (std::fabs(x - kInt4Levels[q]) < std::fabs(x - kInt4Levels[best])) best = q;
+      if (lv) (*lv)[size_t(i)] = kInt4Levels[best];
+      const double e = double(v[i]) - double(d) * kInt4Levels[best];
       err += e * e;
     }
-    best = std::min(best, err);
+    return err;
+  };
+  double best = 0;
+  for (int64_t i = 0; i < len; ++i) best += double(v[i]) * v[i];  // d = 0
+  if (m == 0) return best;
+  std::vector<int> lv(static_cast<size_t>(len));
+  for (float f : {1.1f, 1.05f, 1.0f, 0.95f, 0.9f, 0.85f}) {
+    const float d = ref_bf16_value(m / 63.f * f);
+    if (!(d > 0)) break;
+    best = std::min(best, levels_err(d, &lv));
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const double l = lv[static_cast<size_t>(i)];
+      num += double(v[i]) * l, den += l * l;
+    }
+    const float refit = ref_bf16_value(float(num / den));
+    if (refit > 0) best = std::min(best, levels_err(refit, nullptr));
   }
   return best;
 }

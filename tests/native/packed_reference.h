@@ -22,20 +22,20 @@ struct Decoded {
   std::vector<int64_t> packed_of;   // logical row -> packed row
   std::vector<int64_t> logical_of;  // packed row -> logical row or -1
   std::vector<double> w;            // [np][kp] dequantized
-  std::vector<int32_t> wi;          // [np][kp] int8: u - 128, int4: q
+  std::vector<int32_t> wi;          // [np][kp] int8: u - 128, int4: q (the level is kInt4Levels[q])
   std::vector<uint16_t> wb;         // [np][kp] bf16 bits
   std::vector<float> s;             // int8 [np]
-  std::vector<float> d, lo;         // int4 [np][ng]
+  std::vector<float> d;             // int4 [np][ng]
   std::vector<uint8_t> touched;     // [total_bytes]
 };
 
 Decoded decode(const uint8_t* blob);
 
 // Spec of the int4 group search, reimplemented: the smallest squared error over
-// the shrink factors.
+// the candidate scales.
 double ref_int4_best_err(const float* v, int64_t len);
 
-// A dense matrix [n][k] ~ N(0, 1/k), with a few constant groups for int4's d == 0 path.
+// A dense matrix [n][k] ~ N(0, 1/k), with a few constant and zero groups for int4's edge paths.
 std::vector<float> random_matrix(int64_t n, int64_t k, Rng& rng, bool with_constants);
 
 // `w` [n][k] packed as `h` says into a new 64-byte aligned blob first filled with `fill`.

@@ -23,7 +23,7 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
   const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, 16) : round_up(n, 16);
   const int64_t per_k = f == WeightFormat::kBF16 ? 32 : f == WeightFormat::kINT8 ? 16 : 8;
   const int64_t data_end = 64 + (np / 16) * kp * per_k;
-  const int64_t scale_bytes = f == WeightFormat::kINT8 ? np * 4 : f == WeightFormat::kINT4 ? (np / 16) * (kp / g) * 64 : 0;
+  const int64_t scale_bytes = f == WeightFormat::kINT8 ? np * 4 : f == WeightFormat::kINT4 ? (np / 16) * (kp / g) * 32 : 0;
   bool pad_zero = h.reserved == 0;
   for (uint8_t b : h.pad) pad_zero = pad_zero && b == 0;
   CHECK(h.magic == kPackedMagic && h.version == kPackedVersion && h.format == uint8_t(f) &&
@@ -69,16 +69,16 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
     if (f == WeightFormat::kINT4)
       for (int64_t G = 0; G < D.ng; ++G) {
         const int64_t c0 = G * D.g, len = std::min(k, c0 + D.g) - c0;
-        const float dd = D.d[pr * D.ng + G], ll = D.lo[pr * D.ng + G];
+        const float dd = D.d[pr * D.ng + G];
         if (r < 0 || len <= 0) {
-          bad_pad += dd != 0.f || ll != 0.f;
+          bad_pad += dd != 0.f;
           continue;
         }
         const float* v = w.data() + r * k + c0;
-        bool constant = true;
-        for (int64_t i = 1; i < len; ++i) constant = constant && v[i] == v[0];
-        if (constant) {  // d = 0, q = 0, lo = the value
-          bad_val += dd != 0.f || ll != ref_bf16_value(v[0]);
+        bool zero = true;
+        for (int64_t i = 0; i < len; ++i) zero = zero && v[i] == 0.f;
+        if (zero) {  // d = 0, q = 0
+          bad_val += dd != 0.f;
           for (int64_t i = 0; i < len; ++i) bad_val += D.wi[size_t(pr * D.kp + c0 + i)] != 0;
         }
         double err = 0;
@@ -96,10 +96,20 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
                     (long long)bad_pad, (long long)bad_bytes));
   if (f == WeightFormat::kINT4)
     CHECK(bad_val == 0 && worst_int4 < 1e-9,
-          name + strf(": int4 groups = best of the MSE search (|err/best-1| max %.2g), constant groups exact (bad %lld)",
+          name + strf(": int4 groups = best of the MSE search (|err/best-1| max %.2g), zero groups d = 0 (bad %lld)",
                       worst_int4, (long long)bad_val));
   else
     CHECK(bad_val == 0, name + strf(": values and scales match the spec (bad %lld)", (long long)bad_val));
+}
+
+void test_int4_codebook() {
+  bool ok = kInt4Offset == 64;
+  for (int q = 0; q < 16; ++q) {
+    ok = ok && kInt4Levels[q] >= -63 && kInt4Levels[q] <= 63 && (q == 0 || kInt4Levels[q] > kInt4Levels[q - 1]);
+    ok = ok && int(kInt4U8[q]) == kInt4Levels[q] + kInt4Offset && kInt4U8[q] <= 127;  // vpmaddubsw's bound
+    ok = ok && kInt4Levels[q] == -kInt4Levels[15 - q];
+  }
+  CHECK(ok, "int4 codebook: 16 ascending symmetric levels in [-63, 63], u table = L + 64 <= 127");
 }
 
 void test_pack_errors() {

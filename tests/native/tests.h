@@ -15,6 +15,7 @@ using namespace ktmoe;
 // test_pack.cpp: headers, every byte of packed blobs, the int4 group search, bad arguments.
 void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng);
 void test_pack_errors();
+void test_int4_codebook();
 
 // test_gemm.cpp: the gemm micro-kernels of one ISA table, one format and shape.
 void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n, int64_t k,

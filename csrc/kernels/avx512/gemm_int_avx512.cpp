@@ -1,6 +1,6 @@
 // [NOTE] avx512 gemm_int8 / gemm_int4 over int8 activations (QuantizedRows):
 //   kINT8: c[m, j] = sx[m] * s[n] * (Σ_k u·xq − 128·Σ_k xq)
-//   kINT4: c[m, j] = sx[m] * Σ_G ( d[n,G]·Σ_{k∈G} q·xq + lo[n,G]·Σ_{k∈G} xq )
+//   kINT4: c[m, j] = sx[m] * Σ_G d[n,G]·( Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq )
 // with n = 16b + j (packed_format.h).
 //
 // One tile loop serves both formats (IntGemm<Fmt>): a register tile of MR rows x
@@ -9,10 +9,11 @@
 // ({1to16} memory operand). A "step" is one 64-byte zmm of a block:
 //   kINT8: a k-quad (4 k), one vpdpbusd per row;
 //   kINT4: a k-octet (8 k): low nibbles (and 0x0F) are quad 2j, high nibbles
-//          (shift 4, and 0x0F) quad 2j+1, two vpdpbusd per row.
+//          (shift 4, and 0x0F) quad 2j+1, each looked up in the codebook's u
+//          table (vpshufb), two vpdpbusd per row.
 // The integer sums are exact (so their order is free); the float epilogue runs
-// once per int8 matrix and once per int4 group (convert, fma d, fma lo·Σxq into an
-// fp32 accumulator) in the same order for every column, so the bits do not
+// once per int8 matrix and once per int4 group (subtract 64·Σxq, convert, fma d into
+// an fp32 accumulator) in the same order for every column, so the bits do not
 // depend on the tile, the k-chunking or the (b0, b1) split. int32 is exact:
 // vpdpbusd wraps mod 2^32 and the int8 result Σ (u − 128)·xq has |.| <= 127²·kp,
 // which fits for kp < 130000 (int4 group sums are far smaller).
@@ -36,7 +37,7 @@ namespace {
 struct IntCtx {
   const uint8_t* data;    // block 0 of the matrix
   int64_t bstride;        // bytes per block
-  const uint8_t* scales;  // kINT8: float s[np]; kINT4: per (block, group) 16 d + 16 lo bf16
+  const uint8_t* scales;  // kINT8: float s[np]; kINT4: per (block, group) 16 bf16 d
   int64_t ngroups;        // kp / group
   int64_t steps_per_group;
   int64_t nsteps;         // steps of a block: kp / 4 (kINT8), kp / 8 (kINT4)
@@ -100,20 +101,20 @@ struct Int4Fmt {
   static constexpr int kSets = MR * NB <= 2 ? 4 : MR * NB <= 4 ? 2 : 1;
 
   // Low nibbles into set (2P) % S, high nibbles into set (2P + 1) % S, P = s & 1.
-  // With S >= 2 the high nibbles go in unshifted (v & 0xF0 = 16·q, one op less)
-  // and reduce() divides their sets by 16, exactly: every term is a multiple of 16.
+  // A nibble q becomes u = kInt4U8[q] with one vpshufb (the table in every lane).
   template <int MR, int NB, int S, int kStride, int P>
   static inline void step(__m512i (&acc)[S][MR][NB], const uint8_t* w, int64_t bstride,
                           const ARows& a, int64_t s) {
-    // Block-outer: only one block's unpacked nibbles are live (registers go to
+    // Block-outer: only one block's decoded levels are live (registers go to
     // the int32 + fp32 accumulators); the activation dwords are {1to16} operands.
     const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kInt4U8)));
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const __m512i v = _mm512_loadu_si512(w + j * bstride + s * 64);
-      const __m512i lo = _mm512_and_si512(v, nib);
-      const __m512i hi = S >= 2 ? _mm512_andnot_si512(nib, v)
-                                : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, nib));
+      const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xq = a_at<kStride>(a, i, s, 8);
@@ -124,39 +125,23 @@ struct Int4Fmt {
     }
   }
 
-  // acc[0] = Σ low-nibble sets + (Σ high-nibble sets) / 16 (S >= 2), exact.
   template <int MR, int NB, int S>
   static inline void reduce(__m512i (&acc)[S][MR][NB]) {
-    if constexpr (S >= 2) {
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) {
-          __m512i lo = acc[0][i][j], hi = acc[1][i][j];
-          if constexpr (S == 4) {
-            lo = _mm512_add_epi32(lo, acc[2][i][j]);
-            hi = _mm512_add_epi32(hi, acc[3][i][j]);
-          }
-          acc[0][i][j] = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
-        }
-    }
+    Int8Fmt::reduce<MR, NB, S>(acc);
   }
 
-  // facc += d · float(Σ q·xq), then facc += lo · float(Σ xq)
+  // facc += d · float(Σ u·xq − 64·Σ xq)
   template <int MR, int NB>
   static inline void group_end(__m512 (&facc)[MR][NB], const __m512i (&acc)[MR][NB],
                                const IntCtx& x, const int32_t* gsum, int64_t gsum_ld,
                                int64_t b, int64_t g) {
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
-      const uint8_t* sc = x.scales + ((b + j) * x.ngroups + g) * 64;
-      const __m512 d = bf16x16_to_f32(sc);
-      const __m512 lo = bf16x16_to_f32(sc + 32);
+      const __m512 d = bf16x16_to_f32(x.scales + ((b + j) * x.ngroups + g) * kInt4ScaleBytes);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const __m512 gs = _mm512_set1_ps(static_cast<float>(gsum[i * gsum_ld + g]));
-        facc[i][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(acc[i][j]), facc[i][j]);
-        facc[i][j] = _mm512_fmadd_ps(lo, gs, facc[i][j]);
+        const __m512i off = _mm512_set1_epi32(kInt4Offset * gsum[i * gsum_ld + g]);
+        facc[i][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], off)), facc[i][j]);
       }
     }
   }

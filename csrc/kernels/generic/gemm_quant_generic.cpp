@@ -3,16 +3,17 @@
 //
 // For rows m < M and the output columns j of blocks [b0, b1) (n = 16*b0 + j):
 //   kINT8:  c[m][j] = (sx[m] * s[n]) * I,      I = Σ_k (u[n][k] - 128) · xq[m][k]
-//   kINT4:  c[m][j] = sx[m] * Σ_G ( d[n,G] · I_G + lo[n,G] · gsum[m][G] ),
-//           I_G = Σ_{k in G} q[n][k] · xq[m][k],  groups G in increasing order.
+//   kINT4:  c[m][j] = sx[m] * Σ_G d[n,G] · I_G,
+//           I_G = Σ_{k in G} L[q[n][k]] · xq[m][k],  groups G in increasing order
+//           (L = kInt4Levels; I_G equals the format's Σ u·xq − 64·gsum exactly).
 // (Σ (u-128)·xq equals the format's Σ u·xq − 128·Σ xq exactly; the int8 gsum is
 // not needed here.)
 //
 // How: like the bf16 gemm, each block is walked in panels of kPanelK k values
-// decoded once to fp32 [kPanelK][16] (int8: u - 128; int4: the nibble q) and
+// decoded once to fp32 [kPanelK][16] (int8: u - 128; int4: the level L[q]) and
 // multiplied into every row of a row tile. The dot products are integers: each
 // product and every partial sum of one panel is an integer of magnitude below
-// kPanelK·127·127 < 2^24, so the fp32 panel sums are *exact*; each is converted to
+// kPanelK·127·127 < 2^24 (|L| <= 63), so the fp32 panel sums are *exact*; each is converted to
 // int32 and added to the row's integer accumulator. The integer results are thus
 // exactly those of the format (int32), as on every other ISA; only the fp32
 // epilogue (written above, left to right) rounds. Any (b0, b1) split or thread
@@ -40,7 +41,7 @@ void decode_int8_panel(const uint8_t* quads, int64_t kc, float* panel) {
   }
 }
 
-// panel[c][j] = q[j][k0 + c] for c < kc (k0 and kc multiples of 8); `octets`
+// panel[c][j] = L[q[j][k0 + c]] for c < kc (k0 and kc multiples of 8); `octets`
 // points at k-octet k0/8: byte 4j+t holds k = 8o+t (low nibble), 8o+4+t (high).
 void decode_int4_panel(const uint8_t* octets, int64_t kc, float* panel) {
   uint32_t v[kBlockN];
@@ -50,7 +51,7 @@ void decode_int4_panel(const uint8_t* octets, int64_t kc, float* panel) {
       const int shift = 8 * (t % 4) + 4 * (t / 4);
       float* dst = panel + (8 * o + t) * kBlockN;
       for (int64_t j = 0; j < kBlockN; ++j)
-        dst[j] = static_cast<float>(static_cast<int32_t>((v[j] >> shift) & 0xFu));
+        dst[j] = static_cast<float>(kInt4Levels[(v[j] >> shift) & 0xFu]);
     }
   }
 }
@@ -102,8 +103,8 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
   }
 }
 
-// w: kINT4 [np/16][kp/8][16][4] nibbles + per (block, group) 16 bf16 d, 16 bf16 lo;
-// a: int8 rows [m, ldq] + scale[m] + gsum [m, gsum_ld] (kp/g group sums);
+// w: kINT4 [np/16][kp/8][16][4] nibbles + per (block, group) 16 bf16 d;
+// a: int8 rows [m, ldq] + scale[m] (the group sums are not needed here);
 // c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
@@ -114,7 +115,7 @@ void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
   alignas(64) float xf[kPanelK];
   alignas(64) int32_t iacc[kRowTile][kBlockN];
   alignas(64) float acc[kRowTile][kBlockN];
-  alignas(64) float d[kBlockN], lo[kBlockN];
+  alignas(64) float d[kBlockN];
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT4, kp);
     for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
@@ -130,16 +131,11 @@ void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
             panel_idot(panel, xf, kc, iacc[r]);
           }
         }
-        const uint8_t* sc = scales + (b * ngroups + G) * 64;
-        for (int64_t j = 0; j < kBlockN; ++j) {
+        const uint8_t* sc = scales + (b * ngroups + G) * kInt4ScaleBytes;
+        for (int64_t j = 0; j < kBlockN; ++j)
           d[j] = bf16_to_f32(static_cast<uint16_t>(sc[2 * j] | (sc[2 * j + 1] << 8)));
-          lo[j] = bf16_to_f32(static_cast<uint16_t>(sc[32 + 2 * j] | (sc[32 + 2 * j + 1] << 8)));
-        }
-        for (int64_t r = 0; r < mt; ++r) {
-          const float gs = static_cast<float>(a.gsum[(r0 + r) * a.gsum_ld + G]);
-          for (int64_t j = 0; j < kBlockN; ++j)
-            acc[r][j] += d[j] * static_cast<float>(iacc[r][j]) + lo[j] * gs;
-        }
+        for (int64_t r = 0; r < mt; ++r)
+          for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] += d[j] * static_cast<float>(iacc[r][j]);
       }
       for (int64_t r = 0; r < mt; ++r) {
         float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
