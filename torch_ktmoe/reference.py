@@ -107,16 +107,18 @@ def quantize_int4(w, group=32):
     mids = (levels[:-1] + levels[1:]) / 2
     m = g.abs().amax(-1, keepdim=True)
     best, best_err = torch.zeros_like(g), torch.full_like(m, torch.inf, dtype=torch.float64)
+    def consider(cand):
+        nonlocal best, best_err
+        cand = torch.where(cand > 0, cand, 0)
+        lv, err = _int4_assign(g, cand, valid, levels, mids)
+        better = (cand > 0) & (err < best_err)
+        best = torch.where(better, lv * cand, best)
+        best_err = torch.where(better, err, best_err)
+        return lv
+
     for f in INT4_SCALE_FACTORS:
-        d = _bf16(m / 63 * torch.tensor(f, dtype=torch.float32))
-        lv, _ = _int4_assign(g, d, valid, levels, mids)
-        refit = _bf16(((g.double() * lv).sum(-1, keepdim=True) / (lv.double() ** 2).sum(-1, keepdim=True)).float())
-        for cand in (d, refit):
-            cand = torch.where(cand > 0, cand, 0)
-            lv, err = _int4_assign(g, cand, valid, levels, mids)
-            better = (cand > 0) & (err < best_err)
-            best = torch.where(better, lv * cand, best)
-            best_err = torch.where(better, err, best_err)
+        lv = consider(_bf16(m / 63 * torch.tensor(f, dtype=torch.float32)))  # d's levels feed its refit
+        consider(_bf16(((g.double() * lv).sum(-1, keepdim=True) / (lv.double() ** 2).sum(-1, keepdim=True)).float()))
     return best.reshape(*lead, n, k + pad)[..., :k]
 
 
