@@ -15,11 +15,13 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", 
     x [T, H], topk_ids [T, k] (< 0 skipped), topk_weights [T, k],
     gate_up [E, 2I, H], down [E, H, I] -> [T, H] float32.
     activations: how the inputs of both matmuls are rounded first: "fp32"
-    (not at all), "bf16", or "int8" (per row, symmetric, as the int formats do).
+    (not at all), "bf16", or "int8" (per row, symmetric, as the int formats do), or a
+    function of a [rows, n] fp32 tensor (another library's rounding).
     gate_up_bias [E, 2I] (gate then up) and down_bias [E, H] are optional;
     activation: "silu" or "swiglu_oai" (see :func:`gated_activation`).
     """
-    round_act = {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
+    round_act = activations if callable(activations) else \
+        {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
     x = x.float()
     inter = gate_up.shape[1] // 2
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
@@ -78,13 +80,13 @@ def _round_half_away(x):
     return torch.sign(x) * torch.floor(x.abs() + 0.5)
 
 
-INT4_LEVELS = (-63, -48, -37, -29, -22, -15, -9, -3, 3, 9, 15, 22, 29, 37, 48, 63)
-INT4_SCALE_FACTORS = (1.1, 1.05, 1.0, 0.95, 0.9, 0.85)
+INT4_LEVELS = (-64, -46, -35, -27, -20, -14, -8, -3, 2, 8, 14, 20, 27, 35, 45, 56)
+INT4_SCALE_FACTORS = (1.05, 1.0, 0.95, 0.9)
 
 
 def _int4_assign(g, d, valid, levels, mids):
     """Nearest level (ties to the lower) of g / d (0 where not valid), and the squared error per group (double)."""
-    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
+    inv = torch.where(d != 0, 1 / torch.where(d != 0, d, 1), 0)
     lv = levels[(g.mul(inv).unsqueeze(-1) > mids).sum(-1)] * valid
     return lv, (((g.double() - d.double() * lv.double()) ** 2) * valid).sum(-1, keepdim=True)
 
@@ -92,8 +94,10 @@ def _int4_assign(g, d, valid, levels, mids):
 def quantize_int4(w, group=32):
     """Group-wise codebook int4 of w [..., n, k] along k, dequantized (fp32).
 
-    Per group of `group` valid columns, m = max|w|: for each scale factor f,
-    d = bf16(m / 63 * f) and its refit d' = bf16(Σ w·L / Σ L²) over d's levels L;
+    Per group of `group` valid columns (the signed scale search of
+    csrc/kernels/pack.cpp): two bases, d+ = max(-min / 64, max / 56) and
+    d- = -max(max / 64, -min / 56); for each, for each scale factor f,
+    d = bf16(base * f) and its refit d' = bf16(Σ w·L / Σ L²) over d's levels L;
     each assigns every weight its nearest level of INT4_LEVELS (w / d); the
     candidate with the least squared error (the first on ties) is kept. A trailing
     partial group uses only its valid columns.
@@ -105,20 +109,22 @@ def quantize_int4(w, group=32):
     g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)
     levels = torch.tensor(INT4_LEVELS, dtype=torch.float32)
     mids = (levels[:-1] + levels[1:]) / 2
-    m = g.abs().amax(-1, keepdim=True)
-    best, best_err = torch.zeros_like(g), torch.full_like(m, torch.inf, dtype=torch.float64)
+    lo, hi = -levels[0], levels[-1]
+    vmin, vmax = g.amin(-1, keepdim=True).clamp(max=0), g.amax(-1, keepdim=True).clamp(min=0)
+    best, best_err = torch.zeros_like(g), torch.full_like(vmax, torch.inf, dtype=torch.float64)
+
     def consider(cand):
         nonlocal best, best_err
-        cand = torch.where(cand > 0, cand, 0)
         lv, err = _int4_assign(g, cand, valid, levels, mids)
-        better = (cand > 0) & (err < best_err)
+        better = (cand != 0) & (err < best_err)
         best = torch.where(better, lv * cand, best)
         best_err = torch.where(better, err, best_err)
         return lv
 
-    for f in INT4_SCALE_FACTORS:
-        lv = consider(_bf16(m / 63 * torch.tensor(f, dtype=torch.float32)))  # d's levels feed its refit
-        consider(_bf16(((g.double() * lv).sum(-1, keepdim=True) / (lv.double() ** 2).sum(-1, keepdim=True)).float()))
+    for base in (torch.maximum(-vmin / lo, vmax / hi), -torch.maximum(vmax / lo, -vmin / hi)):
+        for f in INT4_SCALE_FACTORS:
+            lv = consider(_bf16(base * torch.tensor(f, dtype=torch.float32)))  # d's levels feed its refit
+            consider(_bf16(((g.double() * lv).sum(-1, keepdim=True) / (lv.double() ** 2).sum(-1, keepdim=True)).float()))
     return best.reshape(*lead, n, k + pad)[..., :k]
 
 

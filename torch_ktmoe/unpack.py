@@ -15,7 +15,7 @@ from .reference import INT4_LEVELS
 _FORMATS = {0: "bf16", 1: "int8", 2: "int4"}
 _ROLE_GATE_UP, _ROLE_DOWN = 1, 2
 _MAGIC = 0x574D544B
-_VERSION = 2  # kPackedVersion of csrc/kernels/packed_format.h
+_VERSION = 3  # kPackedVersion of csrc/kernels/packed_format.h
 
 
 def packed_header(w: torch.Tensor) -> dict:

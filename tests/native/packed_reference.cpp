@@ -77,10 +77,11 @@ Decoded decode(const uint8_t* blob) {
 }
 
 // Spec of the int4 group search, reimplemented: the smallest squared error over the
-// candidate scales (each factor's d and its refit), nearest levels by distance.
+// candidate scales (both signs: each base's factors and their refits), nearest levels
+// by distance.
 double ref_int4_best_err(const float* v, int64_t len) {
-  float m = 0;
-  for (int64_t i = 0; i < len; ++i) m = std::max(m, std::fabs(v[i]));
+  float lo = 0, hi = 0;  // min and max of v and 0
+  for (int64_t i = 0; i < len; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
   auto levels_err = [&](float d, std::vector<int>* lv) {
     double err = 0;
     for (int64_t i = 0; i < len; ++i) {
@@ -96,20 +97,21 @@ double ref_int4_best_err(const float* v, int64_t len) {
   };
   double best = 0;
   for (int64_t i = 0; i < len; ++i) best += double(v[i]) * v[i];  // d = 0
-  if (m == 0) return best;
   std::vector<int> lv(static_cast<size_t>(len));
-  for (float f : {1.1f, 1.05f, 1.0f, 0.95f, 0.9f, 0.85f}) {
-    const float d = ref_bf16_value(m / 63.f * f);
-    if (!(d > 0)) break;
-    best = std::min(best, levels_err(d, &lv));
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      const double l = lv[static_cast<size_t>(i)];
-      num += double(v[i]) * l, den += l * l;
+  const float bottom = -float(kInt4Levels[0]), top = float(kInt4Levels[15]);
+  for (float base : {std::max(-lo / bottom, hi / top), -std::max(hi / bottom, -lo / top)})
+    for (float f : {1.05f, 1.0f, 0.95f, 0.9f}) {
+      const float d = ref_bf16_value(base * f);
+      if (d == 0) continue;
+      best = std::min(best, levels_err(d, &lv));
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        const double l = lv[static_cast<size_t>(i)];
+        num += double(v[i]) * l, den += l * l;
+      }
+      const float refit = ref_bf16_value(float(num / den));
+      if (refit != 0) best = std::min(best, levels_err(refit, nullptr));
     }
-    const float refit = ref_bf16_value(float(num / den));
-    if (refit > 0) best = std::min(best, levels_err(refit, nullptr));
-  }
   return best;
 }
 

@@ -103,13 +103,16 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
 }
 
 void test_int4_codebook() {
-  bool ok = kInt4Offset == 64;
+  bool ok = kInt4Offset == 64 && kInt4Levels[0] == -64;
+  int positive = 0;
   for (int q = 0; q < 16; ++q) {
-    ok = ok && kInt4Levels[q] >= -63 && kInt4Levels[q] <= 63 && (q == 0 || kInt4Levels[q] > kInt4Levels[q - 1]);
+    ok = ok && kInt4Levels[q] >= -64 && kInt4Levels[q] <= 63 && kInt4Levels[q] != 0;
+    ok = ok && (q == 0 || kInt4Levels[q] > kInt4Levels[q - 1]);
     ok = ok && int(kInt4U8[q]) == kInt4Levels[q] + kInt4Offset && kInt4U8[q] <= 127;  // vpmaddubsw's bound
-    ok = ok && kInt4Levels[q] == -kInt4Levels[15 - q];
+    positive += kInt4Levels[q] > 0;
   }
-  CHECK(ok, "int4 codebook: 16 ascending symmetric levels in [-63, 63], u table = L + 64 <= 127");
+  CHECK(ok && positive == 8,
+        "int4 codebook: 16 ascending nonzero levels in [-64, 63] (8 of each sign, -64 the first), u table = L + 64 <= 127");
 }
 
 void test_pack_errors() {

@@ -5,7 +5,7 @@
 // for rows m < M and packed blocks b in [b0, b1) (packed_format.h, kINT4: per block
 // kp/8 k-octets of 64 bytes; byte (n%16)*4 + i of octet j holds k = 8j+i in its low
 // nibble and k = 8j+4+i in its high nibble; per (block, group) 16 bf16 d), where
-// u = kInt4U8[q] = L[q] + 64 in [1, 127].
+// u = kInt4U8[q] = L[q] + 64 in [0, 120].
 //
 // Dot. One 256-bit load = 8 columns x 4 bytes; `w & 0x0F` and `(w >> 4) & 0x0F` are
 // the two k-quads' nibbles, vpshufb looks each up in the u table. vpmaddubsw(u, xq)

@@ -13,7 +13,7 @@
 // decoded once to fp32 [kPanelK][16] (int8: u - 128; int4: the level L[q]) and
 // multiplied into every row of a row tile. The dot products are integers: each
 // product and every partial sum of one panel is an integer of magnitude below
-// kPanelK·127·127 < 2^24 (|L| <= 63), so the fp32 panel sums are *exact*; each is converted to
+// kPanelK·127·127 < 2^24 (|L| <= 64), so the fp32 panel sums are *exact*; each is converted to
 // int32 and added to the row's integer accumulator. The integer results are thus
 // exactly those of the format (int32), as on every other ISA; only the fp32
 // epilogue (written above, left to right) rounds. Any (b0, b1) split or thread
