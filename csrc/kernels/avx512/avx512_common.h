@@ -79,8 +79,13 @@ inline void run_rows(const typename K::Ctx& ctx, const ARows& a, int64_t m0, int
   K::template tile<MR, NB, kStride>(ctx, a, m0, b, s0, s1);
 }
 
+// Decode row tiles: at most this many rows. A kernel with K::kOneBlockDecode reads
+// one block per decode tile (one weight stream per thread) instead of 4 side by side.
+constexpr int64_t kDecodeRows = 2;
+
 // rows [m0, m0 + rows) (rows <= kRowTile) x blocks [b0, b1) x steps [s0, s1):
-// block groups of 4, then 2, then 1, each in row tiles of K::kMaxRows[NB].
+// block groups of 4, then 2, then 1, each in row tiles of K::kMaxRows[NB] (only 1 for
+// a K::kOneBlockDecode kernel's decode rows).
 template <class K, int kStride>
 inline void run_blocks(const typename K::Ctx& ctx, const ARows& a, int64_t m0, int64_t rows,
                        int64_t b0, int64_t b1, int64_t s0, int64_t s1) {
@@ -93,8 +98,10 @@ inline void run_blocks(const typename K::Ctx& ctx, const ARows& a, int64_t m0, i
     }
   };
   int64_t b = b0;
-  for (; b + 4 <= b1; b += 4) group(std::integral_constant<int, 4>{}, b);
-  for (; b + 2 <= b1; b += 2) group(std::integral_constant<int, 2>{}, b);
+  if (!(K::kOneBlockDecode && rows <= kDecodeRows)) {
+    for (; b + 4 <= b1; b += 4) group(std::integral_constant<int, 4>{}, b);
+    for (; b + 2 <= b1; b += 2) group(std::integral_constant<int, 2>{}, b);
+  }
   for (; b < b1; ++b) group(std::integral_constant<int, 1>{}, b);
 }
 

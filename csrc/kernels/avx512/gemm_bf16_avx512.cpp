@@ -45,6 +45,7 @@ struct Bf16Gemm {
   };
   static constexpr int kMaxRows[5] = {0, 12, 12, 0, 6};
   static constexpr int64_t kABytesPerStep = 4;  // one bf16 pair per row
+  static constexpr bool kOneBlockDecode = false;  // measured: 4 blocks side by side are faster
   static int64_t chunk_steps(const Ctx&) { return kChunkABytes / kABytesPerStep; }
 
   // Rows [m0, m0+MR) x blocks [b, b+NB) x k-pairs [s0, s1); c holds the partial
