@@ -8,6 +8,11 @@ layer in one run without setting the weights up again.
 
 Formats compared: our bf16 / int8 / int4 with ggml's bf16 / q8_0 / q4_0 (q4_0 repacked into
 CPU_REPACK's 8x8 interleaved layout, as llama.cpp does at load time on AVX2 / AVX-512 hosts).
+
+``KTMOE_LLAMA_PEER=PATH`` picks another build of the harness, e.g. an AVX2-only ggml to set
+against our AVX2 path (``KTMOE_ISA=avx2``) on an AVX-512 host:
+``GGML_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+benchmarks/llama_peer/build.sh build/llama_peer_avx2``.
 """
 import json
 import math
@@ -16,7 +21,7 @@ import subprocess
 from typing import List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BINARY = os.path.join(ROOT, "build", "llama_peer", "moe_layer_ggml")
+BINARY = os.environ.get("KTMOE_LLAMA_PEER") or os.path.join(ROOT, "build", "llama_peer", "moe_layer_ggml")
 GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
 COLD_BYTES = 150 << 20  # routed-expert bytes one pass must read, at least
 
