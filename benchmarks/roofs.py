@@ -5,6 +5,9 @@
   ``-march=native``: zmm loads on AVX-512 hosts, ymm loads on AVX2 hosts). ``torch.sum`` reaches
   only part of it, so it is not used. ``read_seconds(tensors, threads)`` times one such read of
   given tensors (e.g. the slices of an arena).
+  When our kernels run the AVX2 path on an AVX-512 host (``KTMOE_ISA=avx2``), the probes are
+  built with ``-march=x86-64-v3`` instead: ymm loads and the 256-bit FMA roof, the roofs of the
+  code being measured.
 * compute roof: ``compute_roof_gflops(threads)``, the peak of the instruction our bf16 gemm
   multiplies with (vdpbf16ps on AVX-512 BF16, 256-bit fp32 FMA on AVX2), from the same file; and
   ``matmul_roof_gflops``, a dense bf16 ``torch.matmul`` of the layer's FLOPs (what torch reaches).
@@ -23,13 +26,23 @@ _SRC = os.path.join(ROOT, "benchmarks", "roof_probes.cpp")
 _LIB = os.path.join(ROOT, "build", "bench", "libroof_probes.so")
 
 
-@functools.lru_cache(maxsize=None)
+def _march() -> str:
+    import torch_ktmoe  # the ISA our kernels run now (KTMOE_ISA or the best this CPU has)
+    return "x86-64-v3" if torch_ktmoe.active_isa() == "avx2" else "native"
+
+
 def _probes():
-    if not os.path.exists(_LIB) or os.path.getmtime(_LIB) < os.path.getmtime(_SRC):
-        os.makedirs(os.path.dirname(_LIB), exist_ok=True)
-        subprocess.run([os.environ.get("CXX", "g++"), "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
-                        "-pthread", _SRC, "-o", _LIB], check=True)
-    lib = ctypes.CDLL(_LIB)
+    return _probes_for(_march())
+
+
+@functools.lru_cache(maxsize=None)
+def _probes_for(march: str):
+    lib_path = _LIB if march == "native" else _LIB.replace(".so", f"-{march}.so")
+    if not os.path.exists(lib_path) or os.path.getmtime(lib_path) < os.path.getmtime(_SRC):
+        os.makedirs(os.path.dirname(lib_path), exist_ok=True)
+        subprocess.run([os.environ.get("CXX", "g++"), "-O3", f"-march={march}", "-std=c++17", "-shared", "-fPIC",
+                        "-pthread", _SRC, "-o", lib_path], check=True)
+    lib = ctypes.CDLL(lib_path)
     lib.read_roof_gbps.restype = ctypes.c_double
     lib.read_roof_gbps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.read_seconds.restype = ctypes.c_double
