@@ -19,8 +19,8 @@
 //          Of these candidates (d+'s, then d-'s; each f's d, then its d') the one
 //          with the smallest squared error Σ (v - d·L[q])² (double) is kept; ties
 //          keep the first; a candidate that is 0 in bf16 is skipped.
-//          All-zero v (or a range below bf16's) gives d = 0, q = 0. Padded columns hold q = 0; groups or
-//          rows entirely in padding hold q = 0, d = 0.
+//          All-zero v (or a range below bf16's) gives d = 0, q = 0. Padded columns
+//          hold q = 0; groups or rows entirely in padding hold q = 0, d = 0.
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
@@ -32,7 +32,7 @@
 // multiple of 32 as the format requires.
 //
 // Non-finite weights are refused (std::domain_error naming row and column): int8's
-// max|w| and int4's max|w| would drop a NaN and turn it into finite values.
+// max|w| and int4's min / max would drop a NaN and turn it into finite values.
 //
 // Deterministic: plain scalar arithmetic in a fixed order, no threads.
 #include "kernels/pack.h"
@@ -58,8 +58,9 @@ constexpr float kInt4Lo = -float(kInt4Levels[0]), kInt4Hi = float(kInt4Levels[15
 
 // Index of the level of kInt4Levels nearest to x (ties to the lower one) = the number of
 // midpoints (L[i] + L[i+1]) / 2 below x. The levels are integers, so the doubled midpoints
-// m_i = L[i] + L[i+1] are too, and m_i < 2x  <=>  m_i <= (the largest integer below 2x): one table lookup
-// (kBelowOrAt[j] = the number of m_i <= j) instead of 15 compares. 2x is exact in fp32.
+// m_i = L[i] + L[i+1] are too, and m_i < 2x  <=>  m_i <= (the largest integer below 2x):
+// one lookup in below_or_at (entry j: the number of m_i <= j) instead of 15 compares.
+// 2x is exact in fp32.
 struct Int4NearestTable {
   static constexpr int kFirst = kInt4Levels[0] + kInt4Levels[1], kLast = kInt4Levels[14] + kInt4Levels[15];
   uint8_t below_or_at[kLast - kFirst + 1] = {};
@@ -171,7 +172,7 @@ void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
   uint8_t* base = data + block * (int64_t(h.kp) * 8) + i * 4;
   for (int64_t G = 0; G < ngroups; ++G) {
     const int64_t c0 = G * g, len = std::min<int64_t>(h.k, c0 + g) - c0;
-    if (len <= 0) break;  // the rest is padding: q = d = lo = 0 already
+    if (len <= 0) break;  // the rest is padding: q = d = 0 already
     const uint16_t d = quantize_group_int4(w + c0, len, q_buf, q_tmp);
     store_u16(scales + (block * ngroups + G) * kInt4ScaleBytes + i * 2, d);
     for (int64_t t = 0; t < len; ++t) {
