@@ -9,8 +9,8 @@ Two kinds of sources:
 * ATen glue (csrc/*.cpp: the op registrations and the Python module; csrc/ops/*) is compiled by torch's
   BuildExtension (ninja) and linked with the objects above.
 Both go through ninja, which rebuilds an object only when its source, a header it
-includes or its command changed, and shows one status line (updated in place on a
-terminal) instead of every compiler command.
+includes or its command changed. native_build.py shows one status line per object;
+torch's BuildExtension runs `ninja -v` and prints each ATen compile command.
 
 Each torch version gets its own directory for the ATen objects
 (build/temp-torch-<version>), so a build against another torch (e.g. sglang's,
@@ -19,47 +19,15 @@ objects (build/torch_free) include no torch header and are shared. The torch ver
 is written next to the built module (torch_ktmoe/_C.torch-version);
 torch_ktmoe/_native.py compares it with the running torch before importing it.
 """
-import contextlib
 import sys
 from pathlib import Path
 
 from setuptools import setup
 import torch
-from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # a PEP 517 build does not put it there
-from native_build import CSRC, ROOT, NinjaBuildError, ninja_build, run_ninja, torch_free_sources  # noqa: E402
-
-
-@contextlib.contextmanager
-def ninja_status_line():
-    """BuildExtension's ATen compile through run_ninja: its status line, not ``ninja -v``'s every command.
-
-    torch's BuildExtension always runs ``ninja -v`` (torch.utils.cpp_extension._run_ninja_build,
-    private: checked with torch 2.13.0; its signature and ``ninja -v`` have stayed the same
-    for years). While this is active it runs ninja as run_ninja does, with a short description
-    per compile added to torch's build.ninja. Where that private function is missing, the
-    build goes on as torch runs it.
-    """
-    original = getattr(cpp_extension, "_run_ninja_build", None)
-    if original is None:
-        yield
-        return
-
-    def run_quietly(build_directory, *args, **kwargs):
-        ninja_file = Path(build_directory) / "build.ninja"
-        text = ninja_file.read_text()
-        if "rule compile\n" in text and "  description = " not in text:
-            text = text.replace("rule compile\n", "rule compile\n  description = CXX $in\n", 1)
-            ninja_file.write_text(text)
-        run_ninja(Path(build_directory))
-
-    cpp_extension._run_ninja_build = run_quietly
-    try:
-        yield
-    finally:
-        cpp_extension._run_ninja_build = original
+from native_build import CSRC, ROOT, NinjaBuildError, ninja_build, torch_free_sources  # noqa: E402
 
 
 TORCH_VERSION_FILE = "_C.torch-version"  # read by torch_ktmoe/_native.py
@@ -94,8 +62,7 @@ class BuildExt(BuildExtension):
             for ext in self.extensions:
                 ext.extra_objects = objects + list(ext.extra_objects or [])
                 ext.depends = list(ext.depends or []) + objects + headers  # relink when any changed
-            with ninja_status_line():
-                super().build_extensions()
+            super().build_extensions()
         except NinjaBuildError as exc:
             raise SystemExit(f"torch_ktmoe: {exc}") from None
 
