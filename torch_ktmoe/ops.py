@@ -14,9 +14,13 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
+__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS",
+           "ACTIVATION_DTYPES"]
 
-WEIGHT_FORMATS = ("bf16", "int8", "int4")
+# The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
+# each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
+FORMAT_TRAITS = {row["name"]: row for row in _C.weight_formats()}
+WEIGHT_FORMATS = tuple(FORMAT_TRAITS)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ACTIVATIONS = ("silu", "swiglu_oai")  # the gated activation between the projections
 
