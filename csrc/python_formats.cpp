@@ -14,6 +14,7 @@
 
 #include <pybind11/stl.h>
 
+#include <iterator>
 #include <vector>
 
 #include "ops/weight_format.h"
@@ -22,32 +23,16 @@ namespace py = pybind11;
 
 namespace {
 
-const char* group_rule_name(ktmoe::GroupRule g) {
-  switch (g) {
-    case ktmoe::GroupRule::kNone: return "none";
-    case ktmoe::GroupRule::kRow: return "row";
-    case ktmoe::GroupRule::kChosen: return "chosen";
-  }
-  return "unknown";
-}
-
-const char* scale_layout_name(ktmoe::ScaleLayout s) {
-  switch (s) {
-    case ktmoe::ScaleLayout::kNone: return "none";
-    case ktmoe::ScaleLayout::kF32PerRow: return "f32_per_row";
-    case ktmoe::ScaleLayout::kBF16PerBlockGroup: return "bf16_per_block_group";
-  }
-  return "unknown";
-}
-
-const char* code_value_name(ktmoe::CodeValue c) {
-  switch (c) {
-    case ktmoe::CodeValue::kBF16: return "bf16";
-    case ktmoe::CodeValue::kOffset: return "offset";
-    case ktmoe::CodeValue::kCodebook: return "codebook";
-  }
-  return "unknown";
-}
+// Python's names of the enums' values, indexed by value.
+constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
+constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group"};
+constexpr const char* kActivationRows[] = {"bf16", "int8"};
+constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook"};
+static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
+                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kBF16PerBlockGroup) + 1 &&
+                  std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
+                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kCodebook) + 1,
+              "a name for every value of the traits' enums");
 
 py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
   py::dict d;
@@ -55,13 +40,13 @@ py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
   d["id"] = int(r.id);
   d["code_bits"] = r.code_bits;
   d["bits_per_weight"] = r.bits_per_weight();
-  d["group"] = group_rule_name(r.group);
+  d["group"] = kGroupRules[int(r.group)];
   d["default_group"] = r.default_group;
-  d["scales"] = scale_layout_name(r.scales);
+  d["scales"] = kScaleLayouts[int(r.scales)];
   d["scale_bytes"] = r.scale_bytes;
-  d["activations"] = r.activations == ktmoe::ActivationRows::kBF16 ? "bf16" : "int8";
+  d["activations"] = kActivationRows[int(r.activations)];
   d["gemm"] = r.gemm_name;
-  d["codes"] = code_value_name(r.codes);
+  d["codes"] = kCodeValues[int(r.codes)];
   d["code_offset"] = r.code_offset;
   std::vector<int> codebook;
   if (r.codebook) codebook.assign(r.codebook, r.codebook + (1 << r.code_bits));

@@ -15,6 +15,8 @@
 namespace ktmoe {
 namespace {
 
+// Columns in WeightFormatTraits order: id, name, code_bits, group, default_group, scales, scale_bytes,
+// activations, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
 constexpr WeightFormatTraits kRows[] = {
     {WeightFormat::kBF16, "bf16", 16, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
      "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
