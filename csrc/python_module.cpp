@@ -16,6 +16,7 @@
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
 #include "ops/packed_cache.h"
+#include "python_formats.h"
 
 namespace {
 
@@ -255,4 +256,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available_isas", &ktmoe::available_isas);
   m.def("default_isa", &ktmoe::default_isa);
   m.def("numa_node_count", &ktmoe::numa_node_count);
+  bind_weight_formats(m);
 }

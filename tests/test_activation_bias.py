@@ -7,7 +7,7 @@ import torch_ktmoe
 from torch_ktmoe import ops, reference
 from tests.conftest import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
-FORMATS = ["bf16", "int8", "int4"]
+FORMATS = ops.WEIGHT_FORMATS
 LIMIT = 7.0
 
 

@@ -149,7 +149,7 @@ def test_save_pretrained_bf16_reloads_exactly(tmp_path):
     assert torch.equal(logits(reloaded), logits(model))
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", [f for f, row in torch_ktmoe.ops.FORMAT_TRAITS.items() if row["codes"] != "bf16"])
 def test_save_pretrained_quantized_writes_dequantized_with_warning(fmt, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -71,7 +71,7 @@ def test_patched_gpt_oss_generates_like_unpatched(dtype):
     assert_same_greedy(model, ref_seq, ref_step)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", list(FORMAT_TOLERANCE))
 def test_each_format_within_its_bound_on_a_layer(fmt):
     """One experts layer, patched in each format, against the eager GptOssExperts (fp32) on random tokens."""
     model = tiny_gpt_oss()

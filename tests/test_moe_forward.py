@@ -251,6 +251,38 @@ def test_bad_pack_arguments_raise_clear_errors():
                                          torch.empty(e * b2 + 1, dtype=torch.uint8)[1:].view(e, b2))
 
 
+@pytest.mark.parametrize("arg", ["w13", "w2", "ids", "w"])
+def test_cpu_hidden_states_with_a_meta_argument_is_an_error_not_garbage(packed, arg):
+    """The fake kernel is also the Meta kernel: a CPU call with one meta tensor (a partly
+    materialised model) dispatches to it and must refuse, naming the argument."""
+    args = dict(x=torch.randn(4, 64), ids=torch.tensor([[0, 1]] * 4), w=torch.ones(4, 2),
+                w13=packed[0], w2=packed[1])
+    args[arg] = torch.empty_like(args[arg], device="meta")
+    name = {"ids": "topk_ids", "w": "topk_weights"}.get(arg, arg)
+    with pytest.raises(RuntimeError, match=f"moe_forward: {name} is on meta but hidden_states is on cpu"):
+        _call(packed, **args)
+
+
+def test_meta_inputs_still_trace_to_meta_outputs(packed):
+    meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
+    x, (ids, w) = torch.randn(4, 64), random_routing(4, 8, 2)
+    out = ops.moe_forward(meta(x), meta(ids), meta(w), meta(packed[0]), meta(packed[1]))
+    assert out.device.type == "meta" and out.shape == x.shape
+    w13, w2 = ops.pack_experts(*(meta(t) for t in random_experts(8, 64, 32)), "bf16")
+    assert w13.device.type == "meta" and w13.shape == packed[0].shape and w2.shape == packed[1].shape
+
+
+def test_pack_with_a_meta_argument_is_an_error_not_garbage():
+    gate_up, down = random_experts(4, 64, 32)
+    with pytest.raises(RuntimeError, match="pack_experts: down is on meta but gate_up is on cpu"):
+        ops.pack_experts(gate_up, down.to("meta"), "bf16")
+    with pytest.raises(RuntimeError, match="pack_experts: up is on meta but gate_up is on cpu"):
+        ops.pack_experts(gate_up[:, :32], down, "bf16", up=gate_up[:, 32:].to("meta"))
+    w13, w2 = (torch.empty(s, dtype=torch.uint8) for s in torch_ktmoe._C.packed_sizes(gate_up, None, down, "bf16"))
+    with pytest.raises(RuntimeError, match="pack_experts_out: w2 is on meta but gate_up is on cpu"):
+        torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, w13, w2.to("meta"))
+
+
 def test_forcing_an_unknown_isa_is_a_clear_error():
     with pytest.raises(RuntimeError, match="unknown ISA 'sse9'.*Available: generic"):
         torch_ktmoe.set_isa("sse9")

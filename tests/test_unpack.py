@@ -51,3 +51,12 @@ def test_int4_uses_both_signs_of_the_scale():
     got_gu, got_dn, _ = unpack_experts([(layer.w13_0, layer.w2_0)])
     assert torch.equal(got_gu, reference.quantize_weights(gate_up, "int4"))
     assert ((got_gu[:, :, 5] - 1).abs() < 0.05).all() and ((got_dn[:, :, 7] + 1).abs() < 0.05).all()
+
+
+def test_a_format_id_no_row_has_is_a_clear_error():
+    layer = KTMoE(E, K, 64, 32, weight_format="int8")
+    layer.load_weights(*heavy_tailed_experts(64, 32))
+    forged = layer.w13_0.clone()
+    forged[:, 6] = 9  # PackedMatrixHeader::format
+    with pytest.raises(ValueError, match="format id 9, which this build does not know"):
+        unpack_experts([(forged, layer.w2_0)])

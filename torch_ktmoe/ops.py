@@ -14,9 +14,13 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
+__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS",
+           "ACTIVATION_DTYPES"]
 
-WEIGHT_FORMATS = ("bf16", "int8", "int4")
+# The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
+# each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
+FORMAT_TRAITS = {row["name"]: row for row in _C.weight_formats()}
+WEIGHT_FORMATS = tuple(FORMAT_TRAITS)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ACTIVATIONS = ("silu", "swiglu_oai")  # the gated activation between the projections
 
@@ -47,9 +51,24 @@ def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weight
                                        activation, swiglu_alpha, swiglu_limit, prefetch)
 
 
+def _check_same_device(op: str, first: str, tensor: torch.Tensor, **others) -> None:
+    """Every tensor of ``others`` (None: absent) is on ``tensor``'s device.
+
+    The fake kernels are also the ops' Meta kernels: a call mixing CPU and meta tensors
+    dispatches to them, and must fail here instead of returning uninitialized memory.
+    """
+    for name, other in others.items():
+        if other is not None:
+            torch._check(other.device == tensor.device, lambda name=name, other=other: (
+                f"ktmoe::{op}: {name} is on {other.device} but {first} is on {tensor.device}; "
+                "every tensor argument must be on the same device"))
+
+
 @torch.library.register_fake("ktmoe::moe_forward")
 def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
                       activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0, prefetch=False):
+    _check_same_device("moe_forward", "hidden_states", hidden_states, topk_ids=topk_ids, topk_weights=topk_weights,
+                       w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias)
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
     torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
                  lambda: "hidden_states must be bfloat16, float16 or float32")
@@ -89,6 +108,7 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
 
 @torch.library.register_fake("ktmoe::pack_experts")
 def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
+    _check_same_device("pack_experts", "gate_up", gate_up, up=up, down=down)
     experts, hidden = gate_up.shape[0], gate_up.shape[2]
     inter = gate_up.shape[1] if up is not None else gate_up.shape[1] // 2
     b13 = _C.packed_matrix_bytes(weight_format, "gate_up", 2 * inter, hidden, group_size)
@@ -99,6 +119,7 @@ def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
 
 @torch.library.register_fake("ktmoe::pack_experts_out")
 def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
+    _check_same_device("pack_experts_out", "gate_up", gate_up, up=up, down=down, w13=w13, w2=w2)
     return None
 
 

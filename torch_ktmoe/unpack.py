@@ -1,21 +1,22 @@
 """Packed experts back to dense tensors (what ``save_pretrained`` of a patched model writes).
 
-Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops:
-``bf16`` gives back the packed bf16 values exactly; ``int8`` / ``int4`` give the
-dequantized weights (``s * (u - 128)``, ``d * L[q]``), which is what the kernels
-multiply, not the original dense weights.
+Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops, driven
+by the native format table (``_C.weight_formats()``: each row's code bits, code values and
+scale layout), so a format is decoded without a case of its own here. ``bf16`` gives back
+the packed bf16 values exactly; ``int8`` / ``int4`` give the dequantized weights
+(``s * (u - 128)``, ``d * L[q]``), which is what the kernels multiply, not the original
+dense weights.
 """
 from typing import List, Tuple
 
 import numpy as np
 import torch
 
-from .reference import INT4_LEVELS
+from ._native import _C
 
-_FORMATS = {0: "bf16", 1: "int8", 2: "int4"}
-_ROLE_GATE_UP, _ROLE_DOWN = 1, 2
-_MAGIC = 0x574D544B
-_VERSION = 3  # kPackedVersion of csrc/kernels/packed_format.h
+_FORMATS = {row["id"]: row for row in _C.weight_formats()}
+FORMAT_ROWS = {row["name"]: row for row in _FORMATS.values()}
+_ROLE_GATE_UP = _C.matrix_roles["gate_up"]
 
 
 def packed_header(w: torch.Tensor) -> dict:
@@ -24,11 +25,14 @@ def packed_header(w: torch.Tensor) -> dict:
     magic, version, fmt, role = np.frombuffer(raw[:8], dtype=np.dtype("<u4,<u2,u1,u1"))[0]
     n, k, np_, kp, group, _ = np.frombuffer(raw[8:32], dtype="<i4")
     data_off, scale_off, total = np.frombuffer(raw[32:56], dtype="<i8")
-    if magic != _MAGIC:
+    if magic != _C.packed_magic:
         raise ValueError("not packed expert data (bad header magic)")
-    if version != _VERSION:
-        raise ValueError(f"packed expert data of layout version {version}; this build reads {_VERSION}")
-    return dict(version=int(version), format=_FORMATS[int(fmt)], role=int(role), n=int(n), k=int(k),
+    if version != _C.packed_layout_version:
+        raise ValueError(f"packed expert data of layout version {version}; "
+                         f"this build reads {_C.packed_layout_version}")
+    if int(fmt) not in _FORMATS:
+        raise ValueError(f"packed expert data of format id {int(fmt)}, which this build does not know")
+    return dict(version=int(version), format=_FORMATS[int(fmt)]["name"], role=int(role), n=int(n), k=int(k),
                 np=int(np_), kp=int(kp), group=int(group), data_offset=int(data_off),
                 scale_offset=int(scale_off), total_bytes=int(total))
 
@@ -37,31 +41,54 @@ def _bf16_from_u8(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.int16).view(torch.bfloat16)
 
 
+def _codes(w: torch.Tensor, h: dict, bits: int) -> torch.Tensor:
+    """[E, bytes] -> the stored codes [E, np, kp] (int16 for 16 bits, else uint8), packed row order.
+
+    Per block of 16 columns: kp / (32 / bits) slots of 64 bytes, 4 bytes per column, each
+    holding 32 / bits consecutive k. 16 bits: two int16 (k % 2); 8 bits: four bytes (k % 4);
+    4 bits: low nibbles of the 4 bytes are k 0..3 of the slot, high nibbles k 4..7.
+    """
+    E, np_, kp, d0 = w.shape[0], h["np"], h["kp"], h["data_offset"]
+    per_slot = 32 // bits
+    raw = w[:, d0:d0 + np_ * kp * bits // 8].reshape(E, np_ // 16, kp // per_slot, 16, 4)
+    if bits == 16:
+        c = raw.contiguous().view(torch.int16)  # [E, nb, slots, 16, 2]
+    elif bits == 8:
+        c = raw
+    elif bits == 4:
+        c = torch.stack([raw & 0xF, raw >> 4], dim=-2).flatten(-2)  # [E, nb, slots, 16, 8]
+    else:
+        raise ValueError(f"unpack: {bits}-bit codes are not decoded here")
+    return c.permute(0, 1, 3, 2, 4).reshape(E, np_, kp)
+
+
+def _scales(w: torch.Tensor, h: dict, row: dict) -> torch.Tensor:
+    """[E, bytes] -> the scale of every (packed row, group) [E, np, kp / group], fp32."""
+    E, np_, s0 = w.shape[0], h["np"], h["scale_offset"]
+    ng = h["kp"] // h["group"]
+    if row["scales"] == "f32_per_row":
+        return w[:, s0:s0 + np_ * 4].contiguous().view(torch.float32).reshape(E, np_, 1)
+    if row["scales"] == "bf16_per_block_group":  # per (block, group): 16 bf16, one per column
+        sc = _bf16_from_u8(w[:, s0:s0 + np_ * ng * 2]).reshape(E, np_ // 16, ng, 16).float()
+        return sc.permute(0, 1, 3, 2).reshape(E, np_, ng)
+    raise ValueError(f"unpack: scale layout {row['scales']!r} is not decoded here")
+
+
 def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
-    """[E, bytes] -> padded dense [E, np, kp] (bf16 for bf16, fp32 otherwise), packed row order."""
-    E, np_, kp = w.shape[0], h["np"], h["kp"]
-    nb = np_ // 16
-    d0 = h["data_offset"]
-    if h["format"] == "bf16":  # per block: kp/2 pairs x 16 columns x 2 bf16
-        data = _bf16_from_u8(w[:, d0:d0 + nb * kp * 32]).reshape(E, nb, kp // 2, 16, 2)
-        return data.permute(0, 1, 3, 2, 4).reshape(E, np_, kp)
-    s0 = h["scale_offset"]
-    if h["format"] == "int8":  # per block: kp/4 quads x 16 columns x 4 u8; scales fp32 [np]
-        u = w[:, d0:d0 + nb * kp * 16].reshape(E, nb, kp // 4, 16, 4).permute(0, 1, 3, 2, 4)
-        q = u.reshape(E, np_, kp).float() - 128.0
-        s = w[:, s0:s0 + np_ * 4].contiguous().view(torch.float32)
-        return q * s[:, :, None]
-    # int4: per block kp/8 octets x 16 columns x 4 bytes, low nibble k = 8j + k%4, high k = 8j + 4 + k%4,
-    # each an index into the codebook; scales per (block, group): 16 bf16 d
-    g = h["group"]
-    ng = kp // g
-    b = w[:, d0:d0 + nb * kp * 8].reshape(E, nb, kp // 8, 16, 4)
-    q = torch.stack([b & 0xF, b >> 4], dim=-2)  # [E, nb, kp/8, 16, 2, 4]
-    q = q.permute(0, 1, 3, 2, 4, 5).reshape(E, np_, kp).long()
-    levels = torch.tensor(INT4_LEVELS, dtype=torch.float32)[q]
-    sc = _bf16_from_u8(w[:, s0:s0 + nb * ng * 32]).reshape(E, nb, ng, 16).float()
-    d = sc.permute(0, 1, 3, 2).reshape(E, np_, ng)
-    return (levels.reshape(E, np_, ng, g) * d[..., None]).reshape(E, np_, kp)
+    """[E, bytes] -> padded dense [E, np, kp] (bf16 for bf16 codes, fp32 otherwise), packed row order."""
+    row = FORMAT_ROWS[h["format"]]
+    codes = _codes(w, h, row["code_bits"])
+    if row["codes"] == "bf16":
+        return codes.view(torch.bfloat16)
+    if row["codes"] == "offset":
+        values = codes.float() - row["code_offset"]
+    elif row["codes"] == "codebook":
+        values = torch.tensor(row["codebook"], dtype=torch.float32)[codes.long()]
+    else:
+        raise ValueError(f"unpack: codes {row['codes']!r} are not decoded here")
+    E, np_, kp = values.shape
+    s = _scales(w, h, row)
+    return (values.reshape(E, np_, s.shape[-1], -1) * s[..., None]).reshape(E, np_, kp)
 
 
 def unpack_matrix(w: torch.Tensor) -> Tuple[torch.Tensor, dict]:

@@ -70,7 +70,7 @@ constexpr int64_t kTokenTile = 32;           // rows per gemm call
 // L1-blocked path above one row tile (12 rows), the int tiles prefer small items
 // up to kTokenTile rows (measured).
 inline int64_t decode_rows(const PackedMatrixHeader* h) {
-  return h->format == uint8_t(WeightFormat::kBF16) ? 12 : kTokenTile;
+  return format_traits(WeightFormat(h->format)).activations == ActivationRows::kBF16 ? 12 : kTokenTile;
 }
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
 // decode: weight bytes per item (see [NOTE]): at most 256 KiB, at least 128 KiB, and
@@ -139,10 +139,12 @@ struct Layout {
   }
 };
 
-// Rows of activations in the format one packed matrix multiplies: bf16 rows
-// [rows, kp], or int8 rows [rows, kp] + scale [rows] + group sums [rows, ngroups].
+// Rows of activations in the format one packed matrix multiplies (its traits'
+// activations): bf16 rows [rows, kp], or int8 rows [rows, kp] + scale [rows] +
+// group sums [rows, ngroups].
 struct ActRows {
-  WeightFormat format = WeightFormat::kBF16;
+  const WeightFormatTraits* traits = nullptr;
+  bool bf16_rows = true;
   int64_t kp = 0, group = 0, ngroups = 0;
   int64_t ld = 0;  // bf16 row stride (elements): kp + 32, so rows are not 4 KiB apart (L1 sets)
   uint16_t* bf16 = nullptr;
@@ -153,8 +155,12 @@ struct ActRows {
 
   ActRows() = default;
   ActRows(const PackedMatrixHeader* w, int64_t rows, Layout& layout)
-      : format(static_cast<WeightFormat>(w->format)), kp(w->kp), group(w->group), ld(w->kp + 32) {
-    if (format == WeightFormat::kBF16) {
+      : traits(&format_traits(WeightFormat(w->format))),
+        bf16_rows(traits->activations == ActivationRows::kBF16),
+        kp(w->kp),
+        group(w->group),
+        ld(w->kp + 32) {
+    if (bf16_rows) {
       off_bf16 = layout.take(size_t(rows) * ld * 2);
     } else {
       ngroups = kp / group;
@@ -164,7 +170,7 @@ struct ActRows {
     }
   }
   void bind(uint8_t* base) {
-    if (format == WeightFormat::kBF16) {
+    if (bf16_rows) {
       bf16 = reinterpret_cast<uint16_t*>(base + off_bf16);
     } else {
       q = reinterpret_cast<int8_t*>(base + off_q);
@@ -175,9 +181,9 @@ struct ActRows {
   QuantizedRows quantized(int64_t r) const {
     return {q + r * kp, kp, scale + r, gsum + r * ngroups, ngroups};
   }
-  // Row dst of this = row src of other (same format and sizes).
+  // Row dst of this = row src of other (same activations and sizes).
   void copy_row_from(const ActRows& other, int64_t src, int64_t dst) const {
-    if (format == WeightFormat::kBF16) {
+    if (bf16_rows) {
       std::memcpy(bf16 + dst * ld, other.bf16 + src * other.ld, size_t(kp) * 2);
     } else {
       std::memcpy(q + dst * kp, other.q + src * kp, size_t(kp));
@@ -187,14 +193,12 @@ struct ActRows {
   }
 };
 
-// c[m][0 .. 16*(b1-b0)) = rows [r0, r0+m) of a times blocks [b0, b1) of w.
+// c[m][0 .. 16*(b1-b0)) = rows [r0, r0+m) of a times blocks [b0, b1) of w, by the
+// gemm entry of w's format (its traits row).
 void gemm(const IsaKernels& isa, const PackedMatrixHeader* w, const ActRows& a, int64_t r0,
           int64_t m, int64_t b0, int64_t b1, float* c, int64_t ldc) {
-  switch (a.format) {
-    case WeightFormat::kBF16: isa.gemm_bf16(w, a.bf16 + r0 * a.ld, a.ld, m, b0, b1, c, ldc); break;
-    case WeightFormat::kINT8: isa.gemm_int8(w, a.quantized(r0), m, b0, b1, c, ldc); break;
-    case WeightFormat::kINT4: isa.gemm_int4(w, a.quantized(r0), m, b0, b1, c, ldc); break;
-  }
+  if (a.bf16_rows) (isa.*a.traits->gemm_bf16)(w, a.bf16 + r0 * a.ld, a.ld, m, b0, b1, c, ldc);
+  else (isa.*a.traits->gemm_int8)(w, a.quantized(r0), m, b0, b1, c, ldc);
 }
 
 // One work item: expert e, units [u0, u1) (gate/up: block pairs; down: blocks).
@@ -337,7 +341,8 @@ Shapes shapes_of(const MoeProblem& p) {
   sh.ldh = 16 * sh.pairs;
   sh.ldy = sh.h2->np;
   sh.stage_x = p.x_dtype == ActDtype::kF16 ||
-               (p.x_dtype == ActDtype::kBF16 && sh.h13->format != uint8_t(WeightFormat::kBF16));
+               (p.x_dtype == ActDtype::kBF16 &&
+                format_traits(WeightFormat(sh.h13->format)).activations != ActivationRows::kBF16);
   return sh;
 }
 
@@ -390,7 +395,7 @@ void prepare_activations(const MoeProblem& p, const IsaKernels& isa, const Paral
       else for (int64_t i = t0 * H; i < t1 * H; ++i) stage[i] = bf16_to_f32(x16[i]);
       src = stage;
     }
-    if (xa.format == WeightFormat::kBF16) {
+    if (xa.bf16_rows) {
       for (int64_t t = t0; t < t1; ++t) {
         uint16_t* dst = xa.bf16 + t * xa.ld;
         if (xd == ActDtype::kBF16) std::memcpy(dst, x16 + t * H, size_t(H) * 2);
@@ -462,7 +467,7 @@ void prepare_hidden_rows(const IsaKernels& isa, const ParallelFor& parallel_for,
   const float* hbuf = b.h;
   const ActRows& ha = b.h_rows;
   parallel_for(P, 16, [&](int64_t r0, int64_t r1) {
-    if (ha.format == WeightFormat::kBF16) {
+    if (ha.bf16_rows) {
       for (int64_t r = r0; r < r1; ++r) {
         uint16_t* dst = ha.bf16 + r * ha.ld;
         isa.to_bf16(hbuf + r * ldh, dst, inter);

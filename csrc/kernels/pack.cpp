@@ -186,12 +186,12 @@ void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
 void check_header(const PackedMatrixHeader& h) {
   if (h.magic != kPackedMagic || h.version != kPackedVersion)
     throw std::invalid_argument("pack_matrix: header has a bad magic or version");
-  if (h.format > static_cast<uint8_t>(WeightFormat::kINT4) ||
-      h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 ||
+  const WeightFormatTraits* traits = find_format_traits(h.format);
+  if (!traits || h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 ||
       h.np % kBlockN != 0 || h.kp % kAlignK != 0 || h.kp < h.k || h.np < h.n)
     throw std::invalid_argument("pack_matrix: inconsistent header (use packed_matrix_header)");
-  if (h.format == static_cast<uint8_t>(WeightFormat::kINT4) && (h.group <= 0 || h.kp % h.group))
-    throw std::invalid_argument("pack_matrix: int4 group must divide kp");
+  if (traits->group == GroupRule::kChosen && (h.group <= 0 || h.kp % h.group))
+    throw std::invalid_argument(std::string("pack_matrix: ") + traits->name + " group must divide kp");
 }
 
 }  // namespace
@@ -201,18 +201,16 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
   if (n <= 0 || k <= 0) throw std::invalid_argument("packed_matrix_header: n and k must be > 0");
   if (role == MatrixRole::kGateUp && n % 2 != 0)
     throw std::invalid_argument("packed_matrix_header: kGateUp needs n = 2*I (even)");
-  int64_t kp = round_up(k, kAlignK), g = 0;
-  switch (format) {
-    case WeightFormat::kBF16: g = 0; break;
-    case WeightFormat::kINT8: g = kp; break;
-    case WeightFormat::kINT4:
-      g = group > 0 ? group : kDefaultInt4Group;
-      if (g % kAlignK != 0)
-        throw std::invalid_argument("packed_matrix_header: int4 group must be a multiple of 32, got " +
-                                    std::to_string(g));
-      kp = round_up(k, g);  // kp / g whole groups per row, still a multiple of 32 (see [NOTE])
-      break;
-    default: throw std::invalid_argument("packed_matrix_header: unknown weight format");
+  const WeightFormatTraits* traits = find_format_traits(uint8_t(format));
+  if (!traits) throw std::invalid_argument("packed_matrix_header: unknown weight format");
+  int64_t kp = round_up(k, kAlignK), g = 0;  // GroupRule::kNone
+  if (traits->group == GroupRule::kRow) g = kp;
+  if (traits->group == GroupRule::kChosen) {
+    g = group > 0 ? group : traits->default_group;
+    if (g % kAlignK != 0)
+      throw std::invalid_argument(std::string("packed_matrix_header: ") + traits->name +
+                                  " group must be a multiple of 32, got " + std::to_string(g));
+    kp = round_up(k, g);  // kp / g whole groups per row, still a multiple of 32 (see [NOTE])
   }
   const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, kBlockN) : round_up(n, kBlockN);
   if (np > std::numeric_limits<int32_t>::max() || kp > std::numeric_limits<int32_t>::max())
@@ -231,9 +229,7 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
   h.group = static_cast<int32_t>(g);
   h.data_offset = sizeof(PackedMatrixHeader);
   const int64_t data_bytes = (np / kBlockN) * block_data_bytes(format, kp);
-  int64_t scale_bytes = 0;
-  if (format == WeightFormat::kINT8) scale_bytes = np * int64_t(sizeof(float));
-  if (format == WeightFormat::kINT4) scale_bytes = (np / kBlockN) * (kp / g) * kInt4ScaleBytes;
+  const int64_t scale_bytes = traits->scale_bytes ? np * (kp / g) * traits->scale_bytes : 0;  // a scale per (row, group)
   const int64_t data_end = round_up(h.data_offset + data_bytes, 64);
   h.scale_offset = scale_bytes ? data_end : 0;
   h.total_bytes = round_up(data_end + scale_bytes, 64);

@@ -75,9 +75,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/weight_formats.h"
+
 namespace ktmoe {
 
-enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2 };
+// WeightFormat and each format's traits (sizes, scales, kernels): weight_formats.h.
 enum class MatrixRole : uint8_t { kPlain = 0, kGateUp = 1, kDown = 2 };
 
 constexpr uint32_t kPackedMagic = 0x574D544Bu;  // "KTMW" little-endian
@@ -110,12 +112,7 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Bytes of one block's data for a format (kp = padded k).
 inline int64_t block_data_bytes(WeightFormat f, int64_t kp) {
-  switch (f) {
-    case WeightFormat::kBF16: return kp * kBlockN * 2;
-    case WeightFormat::kINT8: return kp * kBlockN;
-    case WeightFormat::kINT4: return kp * kBlockN / 2;
-  }
-  return 0;
+  return kp * kBlockN * format_traits(f).code_bits / 8;
 }
 
 inline const uint8_t* packed_data(const PackedMatrixHeader* h) {

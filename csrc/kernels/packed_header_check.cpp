@@ -41,15 +41,17 @@ std::string check_packed_header(const PackedMatrixHeader& h, MatrixRole role, in
     return field("role", h.role, uint8_t(role)) + ": packed " +
            (h.role == uint8_t(MatrixRole::kGateUp) ? "gate_up" : h.role == uint8_t(MatrixRole::kDown) ? "down" : "other") +
            " weights in the wrong argument position";
-  if (h.format > uint8_t(WeightFormat::kINT4)) return field("format", h.format, 0) + " (bf16), 1 (int8) or 2 (int4)";
+  const WeightFormatTraits* traits = find_format_traits(h.format);
+  if (!traits) return "format is " + std::to_string(h.format) + ", expected " + weight_format_ids();
   const auto format = WeightFormat(h.format);
+  const bool chosen_group = traits->group == GroupRule::kChosen;
   if (h.n <= 0 || (role == MatrixRole::kGateUp && h.n % 2 != 0)) return field("n", h.n, 2 * ((h.n + 1) / 2));
   if (h.k <= 0) return field("k", h.k, kAlignK);
-  if (format == WeightFormat::kINT4 && (h.group <= 0 || h.group % kAlignK != 0))
-    return field("group", h.group, kDefaultInt4Group) + " (a positive multiple of 32)";
+  if (chosen_group && (h.group <= 0 || h.group % kAlignK != 0))
+    return field("group", h.group, traits->default_group) + " (a positive multiple of 32)";
   PackedMatrixHeader want;
   try {
-    want = packed_matrix_header(format, role, h.n, h.k, format == WeightFormat::kINT4 ? h.group : 0);
+    want = packed_matrix_header(format, role, h.n, h.k, chosen_group ? h.group : 0);
   } catch (const std::exception& e) {
     return std::string("n/k/group are inconsistent: ") + e.what();
   }

@@ -1,0 +1,84 @@
+// [NOTE] The rows of the weight format traits table (see weight_formats.h).
+//
+// A new format is one row here (its id the next enum value), plus its kernels:
+// its layout in packed_format.h, its row packer in pack.cpp, its gemm entry in
+// every IsaKernels table; and its rounding in torch_ktmoe/reference.py (the
+// tests' independent oracle). Accuracy bounds: mean|out - ref| / mean|ref| of a
+// layer against the fp32 reference on Gaussian experts (weights ~ N(0, 1/fan_in)).
+#include "kernels/weight_formats.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace {
+
+// Columns in WeightFormatTraits order: id, name, code_bits, group, default_group, scales, scale_bytes,
+// activations, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
+constexpr WeightFormatTraits kRows[] = {
+    {WeightFormat::kBF16, "bf16", 16, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
+     "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
+    {WeightFormat::kINT8, "int8", 8, GroupRule::kRow, 0, ScaleLayout::kF32PerRow, 4, ActivationRows::kInt8,
+     "gemm_int8", nullptr, &IsaKernels::gemm_int8, CodeValue::kOffset, 128, nullptr, 0.03},
+    {WeightFormat::kINT4, "int4", 4, GroupRule::kChosen, kDefaultInt4Group, ScaleLayout::kBF16PerBlockGroup, 2,
+     ActivationRows::kInt8, "gemm_int4", nullptr, &IsaKernels::gemm_int4, CodeValue::kCodebook, 0, kInt4Levels,
+     0.15},
+};
+constexpr int kCount = int(sizeof(kRows) / sizeof(kRows[0]));
+
+constexpr bool rows_are_consistent() {
+  for (int i = 0; i < kCount; ++i) {
+    const WeightFormatTraits& r = kRows[i];
+    const bool bf16_gemm = r.gemm_bf16 != nullptr, int8_gemm = r.gemm_int8 != nullptr;
+    if (int(r.id) != i || bf16_gemm == int8_gemm || bf16_gemm != (r.activations == ActivationRows::kBF16) ||
+        (r.scales == ScaleLayout::kNone) != (r.scale_bytes == 0) ||
+        (r.group == GroupRule::kChosen) != (r.default_group > 0) ||
+        (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr))
+      return false;
+  }
+  return true;
+}
+static_assert(rows_are_consistent(),
+              "weight format rows: in id order, the gemm entry of their activations, scales / group / codebook "
+              "fields that agree");
+
+}  // namespace
+
+const WeightFormatTraits* weight_format_table() { return kRows; }
+int weight_format_count() { return kCount; }
+
+const WeightFormatTraits* find_format_traits(uint8_t id) { return id < kCount ? &kRows[id] : nullptr; }
+
+const WeightFormatTraits* find_format_traits(const std::string& name) {
+  for (const WeightFormatTraits& row : kRows)
+    if (name == row.name) return &row;
+  return nullptr;
+}
+
+const WeightFormatTraits& format_traits(WeightFormat format) {
+  const WeightFormatTraits* row = find_format_traits(uint8_t(format));
+  if (!row) throw std::invalid_argument("unknown weight format id " + std::to_string(int(format)));
+  return *row;
+}
+
+namespace {
+// "a, b or c" over the rows, each written by `item`.
+template <class F>
+std::string list_rows(const F& item) {
+  std::string s;
+  for (int i = 0; i < kCount; ++i) s += (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") + item(kRows[i]);
+  return s;
+}
+}  // namespace
+
+std::string weight_format_names() {
+  return list_rows([](const WeightFormatTraits& r) { return "'" + std::string(r.name) + "'"; });
+}
+
+std::string weight_format_ids() {
+  return list_rows([](const WeightFormatTraits& r) { return std::to_string(int(r.id)) + " (" + r.name + ")"; });
+}
+
+}  // namespace ktmoe

@@ -1,0 +1,73 @@
+// [NOTE] torch_ktmoe._C.weight_formats() and the packed layout constants: the one
+// place Python learns which weight formats exist and how their bytes decode.
+//
+// weight_formats() -> [dict], one per row of kernels/weight_formats.h, in id order:
+//   name, id, code_bits, bits_per_weight, group ("none" | "row" | "chosen"),
+//   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group"),
+//   scale_bytes, activations ("bf16" | "int8"), gemm (the IsaKernels entry),
+//   codes ("bf16" | "offset" | "codebook"), code_offset, codebook (list of ints),
+//   accuracy_bound.
+// Module attributes: packed_magic, packed_layout_version (the header's magic and
+// version), matrix_roles ({"plain": 0, "gate_up": 1, "down": 2}).
+// ops.WEIGHT_FORMATS, unpack.py and the tests' tolerance table read these.
+#include "python_formats.h"
+
+#include <pybind11/stl.h>
+
+#include <iterator>
+#include <vector>
+
+#include "ops/weight_format.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Python's names of the enums' values, indexed by value.
+constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
+constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group"};
+constexpr const char* kActivationRows[] = {"bf16", "int8"};
+constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook"};
+static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
+                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kBF16PerBlockGroup) + 1 &&
+                  std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
+                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kCodebook) + 1,
+              "a name for every value of the traits' enums");
+
+py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
+  py::dict d;
+  d["name"] = r.name;
+  d["id"] = int(r.id);
+  d["code_bits"] = r.code_bits;
+  d["bits_per_weight"] = r.bits_per_weight();
+  d["group"] = kGroupRules[int(r.group)];
+  d["default_group"] = r.default_group;
+  d["scales"] = kScaleLayouts[int(r.scales)];
+  d["scale_bytes"] = r.scale_bytes;
+  d["activations"] = kActivationRows[int(r.activations)];
+  d["gemm"] = r.gemm_name;
+  d["codes"] = kCodeValues[int(r.codes)];
+  d["code_offset"] = r.code_offset;
+  std::vector<int> codebook;
+  if (r.codebook) codebook.assign(r.codebook, r.codebook + (1 << r.code_bits));
+  d["codebook"] = codebook;
+  d["accuracy_bound"] = r.accuracy_bound;
+  return d;
+}
+
+}  // namespace
+
+void bind_weight_formats(py::module& m) {
+  m.def("weight_formats", [] {
+    py::list rows;
+    for (int i = 0; i < ktmoe::weight_format_count(); ++i) rows.append(row_dict(ktmoe::weight_format_table()[i]));
+    return rows;
+  }, "the weight format traits table: one dict per format, in id order");
+  m.attr("packed_magic") = ktmoe::kPackedMagic;
+  m.attr("packed_layout_version") = ktmoe::kPackedVersion;
+  py::dict roles;
+  roles["plain"] = int(ktmoe::MatrixRole::kPlain);
+  roles["gate_up"] = int(ktmoe::MatrixRole::kGateUp);
+  roles["down"] = int(ktmoe::MatrixRole::kDown);
+  m.attr("matrix_roles") = roles;
+}
