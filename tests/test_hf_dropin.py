@@ -19,7 +19,7 @@ import torch_ktmoe  # noqa: E402
 from torch_ktmoe import hf  # noqa: E402
 from torch_ktmoe.ops import InferenceOnlyError  # noqa: E402
 
-from tests.test_hf import KINDS, assert_close_logits, assert_same_greedy, greedy, logits, make_model  # noqa: E402
+from tests.helpers.hf_models import KINDS, assert_close_logits, assert_same_greedy, greedy, logits, make_model  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", KINDS)

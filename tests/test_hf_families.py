@@ -28,14 +28,10 @@ from torch.utils._pytree import tree_map
 transformers = pytest.importorskip("transformers")
 
 from torch_ktmoe import hf  # noqa: E402
-from torch_ktmoe.integrations.transformers_experts import (  # noqa: E402
-    SUPPORTED_EXPERTS_CLASSES,
-    KTMoEExperts,
-    unsupported_reason,
-)
+from torch_ktmoe.hf import SUPPORTED_EXPERTS_CLASSES, KTMoEExperts, unsupported_reason  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
-from tests.test_hf import PROMPT, assert_close_logits, greedy, logits  # noqa: E402
+from tests.helpers.hf_models import PROMPT, assert_close_logits, greedy, logits  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(os.path.dirname(transformers.__file__), "models")
