@@ -103,7 +103,7 @@ def test_every_experts_class_is_supported_or_refused_with_a_reason():
     assert refused
 
 
-# tiny random configs of the families added after the first five (same shapes as tests/test_hf.py): the keys
+# tiny random configs of the families added after the first five (same shapes as tests/helpers/hf_models.py): the keys
 # each config class has are passed to its constructor, so derived fields (head_dim, layer_types, ...) follow
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_local_experts=8,

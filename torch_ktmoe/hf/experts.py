@@ -66,9 +66,9 @@ __all__ = [
 ]
 
 # Experts classes of transformers 5.x validated against the KTMoE semantics (fused [E,2I,H]
-# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU): each generates the same
-# greedy tokens as its unpatched model on a tiny random config (tests/test_hf.py for the first five,
-# tests/test_hf_families.py for the others).
+# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU; gpt-oss in its own layout,
+# experts_layout.py): each generates the same greedy tokens as its unpatched model on a tiny random
+# config (tests/test_hf.py for the first five, tests/test_hf_families.py for the others).
 SUPPORTED_EXPERTS_CLASSES = frozenset(
     {
         "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
