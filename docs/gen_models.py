@@ -2,7 +2,7 @@
 
     python docs/gen_models.py > docs/models.md
 
-The classes come from the enumeration of tests/test_hf_families.py (every ``class *Experts`` of
+The classes come from the enumeration of ktmoe_harness/transformers_families.py (every ``class *Experts`` of
 ``transformers/models/*/modeling_*.py``, each built on the meta device from a config of its family);
 the verdicts from the public ``torch_ktmoe.hf.SUPPORTED_EXPERTS_CLASSES`` and
 ``torch_ktmoe.hf.unsupported_reason``. tests/test_docs_models.py fails when docs/models.md differs from
@@ -43,7 +43,7 @@ def render() -> str:
     import transformers
 
     from torch_ktmoe import hf
-    from tests.test_hf_families import experts_classes, meta_instance
+    from ktmoe_harness.transformers_families import experts_classes, meta_instance
 
     classes = experts_classes()
     supported, refused = [], []

@@ -8,6 +8,7 @@ from a source checkout, next to ``tests/`` and ``benchmarks/``.
 * ``checkpoint``  a random Qwen3-MoE checkpoint, built offline from a config;
 * ``generate``    ``hf.from_pretrained`` timed, a seeded prompt, greedy decoding with a KV cache;
 * ``child``       child Python processes that import what this one does; one run per mode, JSON back;
+* ``transformers_families``  every transformers ``*Experts`` class, built on the meta device from a tiny config;
 * ``memcg``       a child Python process inside a cgroup-v1 memory limit;
 * ``demo``        ``python -m torch_ktmoe demo`` (``make demo``): anonymous vs file-backed experts.
 """

@@ -8,33 +8,10 @@ import torch
 
 from torch_ktmoe import KTMoE, cache
 from torch_ktmoe import layer as layer_mod
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts
+from tests.helpers.cache_layer import E, FILE, H, I, loaded, make, reason, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-E, H, I, K = 4, 64, 96, 2
-FILE = "layer0000.part0.ktmoe"
-
-
-def make(directory, fmt="int8", **kwargs):
-    kwargs.setdefault("numa_parts", 1)
-    return KTMoE(E, K, H, I, weight_format=fmt, mmap_experts_dir=directory, **kwargs)
-
-
-def run(m, seed=0):
-    x = torch.randn(6, H, generator=torch.Generator().manual_seed(seed))
-    ids, w = random_routing(6, E, K, seed=seed)
-    return m(x, ids, w)
-
-
-def loaded(directory, seed=0, **kwargs):
-    m = make(directory, **kwargs)
-    m.load_weights(*random_experts(E, H, I, seed=seed))
-    return m
-
-
-def reason(m):
-    (event,) = m.cache_events
-    return event["reason"]
 
 
 def test_reuse_maps_without_packing_bit_identical(tmp_path, monkeypatch):
@@ -150,7 +127,7 @@ def test_unusable_directory_falls_back(tmp_path):
 CHILD = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from tests.test_cache import loaded, run
+from tests.helpers.cache_layer import loaded, run
 m = loaded({dir!r})
 torch.save((m.cache_hit, run(m)), sys.argv[1])
 """
@@ -176,7 +153,7 @@ def test_two_processes_build_concurrently(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    from tests.test_hf import make_model
+    from tests.helpers.hf_models import make_model
 
     path = tmp_path_factory.mktemp("ckpt") / "qwen3_moe"
     make_model("qwen3_moe").save_pretrained(path)
@@ -184,13 +161,15 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def test_from_pretrained_second_is_cache_hit(tiny_checkpoint, tmp_path, monkeypatch):
-    from tests.test_hf import logits
+    from tests.helpers.hf_models import logits
     from torch_ktmoe import hf
+    from torch_ktmoe.checkpoint import SafetensorsCheckpoint
 
     first = hf.from_pretrained(tiny_checkpoint, dtype=torch.float32, mmap_experts_dir=tmp_path,
                                weight_format="int8", progress=False)
     ref = logits(first)
-    monkeypatch.setattr(hf, "_stream_block", lambda *a, **k: pytest.fail("read experts although cached"))
+    for read in ("get", "get_row"):  # no tensor of the checkpoint is read (only shapes are looked up)
+        monkeypatch.setattr(SafetensorsCheckpoint, read, lambda *a, **k: pytest.fail("read experts although cached"))
     second = hf.from_pretrained(tiny_checkpoint, dtype=torch.float32, mmap_experts_dir=tmp_path,
                                 weight_format="int8", progress=False)
     layers = [m for m in second.modules() if isinstance(m, KTMoE)]
@@ -199,7 +178,7 @@ def test_from_pretrained_second_is_cache_hit(tiny_checkpoint, tmp_path, monkeypa
 
 
 def test_patch_model_second_is_cache_hit(tmp_path, monkeypatch):
-    from tests.test_hf import logits, make_model
+    from tests.helpers.hf_models import logits, make_model
     from torch_ktmoe import hf
 
     first = make_model("qwen3_moe")

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from torch_ktmoe import cache
-from tests.conftest import random_experts
-from tests.test_cache import E, FILE, H, I, loaded, make, reason, run
+from tests.helpers import random_experts
+from tests.helpers import root_only
+from tests.helpers.cache_layer import E, FILE, H, I, loaded, make, reason, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 W13_OFFSET = 2 * MiB  # the first slice of a cache file: w13, expert 0 first
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown a file to another user")
 
 
 def child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def patch_file(path, offset: int, data: bytes) -> None:
 def test_fifo_does_not_hang_load_or_inspect(tmp_path, where):
     os.mkfifo(tmp_path / where)
     r = child(f"""
-        from tests.test_cache import loaded, run
+        from tests.helpers.cache_layer import loaded, run
         from torch_ktmoe import cache
         m = loaded({str(tmp_path)!r})
         print("REASON", m.cache_events[0]["reason"])
@@ -221,7 +221,7 @@ def test_inspect_reports_each_bad_file_on_its_own(tmp_path):
 def test_write_into_cache_tensor_is_private_not_a_segfault(tmp_path, load):
     ref = run(loaded(tmp_path)) if load == "mapped" else None
     r = child(f"""
-        from tests.test_cache import loaded
+        from tests.helpers.cache_layer import loaded
         m = loaded({str(tmp_path)!r})
         print("HIT", m.cache_hit)
         m.w13_0.zero_()

@@ -10,8 +10,8 @@ import pickle
 import pytest
 import torch
 
-from tests.test_cache import FILE, loaded, run
-from tests.test_cache_hostile import root_only
+from tests.helpers import root_only
+from tests.helpers.cache_layer import FILE, loaded, run
 
 
 def _shared_dir(tmp_path):
@@ -44,14 +44,13 @@ def test_pickling_trusting_layer_in_shared_dir_round_trips(tmp_path):
 hf = pytest.importorskip("torch_ktmoe.hf")  # transformers
 pytest.importorskip("transformers")
 
-from torch_ktmoe.hf_packed import MANIFEST, PackedDirError  # noqa: E402
+from torch_ktmoe.hf.packed_dir import MANIFEST, PackedDirError  # noqa: E402
 
-from tests.test_hf import logits  # noqa: E402
-from tests.test_hf_packed import _source  # noqa: E402
+from tests.helpers.hf_models import logits, source_checkpoint  # noqa: E402
 
 
 def test_save_packed_into_refused_experts_dir_writes_no_manifest(tmp_path):
-    model = hf.from_pretrained(_source(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
+    model = hf.from_pretrained(source_checkpoint(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
     experts = tmp_path / "packed" / "experts"
     experts.mkdir(parents=True)
     os.chmod(experts, 0o777)
@@ -61,7 +60,7 @@ def test_save_packed_into_refused_experts_dir_writes_no_manifest(tmp_path):
 
 
 def test_save_packed_from_refused_cache_repacks(tmp_path):
-    src = _source(tmp_path, "olmoe")
+    src = source_checkpoint(tmp_path, "olmoe")
     cache_dir = _shared_dir(tmp_path)  # refused: the model's experts live in unnamed files
     model = hf.from_pretrained(src, dtype=torch.float32, mmap_experts_dir=cache_dir, progress=False)
     manifest = hf.save_packed(model, tmp_path / "packed")
@@ -73,7 +72,7 @@ def test_save_packed_from_refused_cache_repacks(tmp_path):
 
 
 def test_save_packed_does_not_copy_a_replaced_cache_file(tmp_path):
-    src = _source(tmp_path, "olmoe")
+    src = source_checkpoint(tmp_path, "olmoe")
     model = hf.from_pretrained(src, dtype=torch.float32, mmap_experts_dir=tmp_path / "cache", progress=False)
     victim = tmp_path / "cache" / "layer0000.part0.ktmoe"
     planted = tmp_path / "planted"
@@ -89,7 +88,7 @@ def test_save_packed_does_not_copy_a_replaced_cache_file(tmp_path):
 
 @root_only
 def test_packed_dir_owned_by_another_user_loads(tmp_path):
-    model = hf.from_pretrained(_source(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
+    model = hf.from_pretrained(source_checkpoint(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
     hf.save_packed(model, tmp_path / "packed")
     for root, dirs, files in os.walk(tmp_path / "packed"):
         for name in [*dirs, *files]:

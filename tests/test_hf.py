@@ -1,12 +1,6 @@
 """Hugging Face transformers 5.x drop-in (torch_ktmoe.hf): tiny random models built from configs, offline.
 
-Tolerance. Models are fp32 and KTMoE packs the experts as bf16 (weight_format="bf16"),
-so each expert weight is rounded to 8 mantissa bits (relative error <= 2^-9). On these
-tiny random models (init std 0.02, logits ~0.5) the measured max |logit difference| is
-<= 3.3e-4; we assert max|patched - reference| <= 2e-2 * max|reference| + 1e-3, i.e. ~100x
-headroom for kernels that also round activations to bf16. Greedy generate() must give
-the same tokens; the test reports the reference's smallest top-1/top-2 logit margin
-along the generated path if it does not.
+The models and the tolerance of the comparisons: tests/helpers/hf_models.py.
 """
 
 from __future__ import annotations
@@ -25,112 +19,18 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import torch_ktmoe  # noqa: E402
 from torch_ktmoe import hf  # noqa: E402
-from torch_ktmoe.integrations.transformers_experts import KTMoEExperts  # noqa: E402
+from torch_ktmoe.hf import KTMoEExperts  # noqa: E402
+from torch_ktmoe.hf.load_hook import before_and_after_weight_loading  # noqa: E402
 
-SEED = 1  # chosen so the greedy path's smallest top-1/top-2 margin (2.4e-3) is >> the bf16 error (<=3.3e-4)
-PROMPT = torch.tensor([[3, 17, 42, 8, 99, 5, 61, 23]])
-NEW_TOKENS = 10
-COMMON = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-              bos_token_id=None, eos_token_id=None)
-
-
-def _configs():
-    from transformers import (
-        DeepseekV3Config,
-        MixtralConfig,
-        OlmoeConfig,
-        Qwen2MoeConfig,
-        Qwen3MoeConfig,
-    )
-
-    return {
-        "mixtral": lambda: MixtralConfig(
-            **COMMON, intermediate_size=32, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2
-        ),
-        "qwen2_moe": lambda: Qwen2MoeConfig(
-            **COMMON,
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            num_hidden_layers=2,
-            num_experts=8,
-            num_experts_per_tok=2,
-        ),
-        "qwen3_moe": lambda: Qwen3MoeConfig(
-            **COMMON,
-            head_dim=16,
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            num_hidden_layers=2,
-            num_experts=8,
-            num_experts_per_tok=2,
-        ),
-        "olmoe": lambda: OlmoeConfig(
-            **COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2
-        ),
-        # first_k_dense_replace=1: layer 0 is a dense MLP; grouped top-k router; one shared expert
-        "deepseek_v3": lambda: DeepseekV3Config(
-            vocab_size=128,
-            hidden_size=64,
-            pad_token_id=0,
-            bos_token_id=None,
-            eos_token_id=None,
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            num_hidden_layers=3,
-            first_k_dense_replace=1,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            n_shared_experts=1,
-            q_lora_rank=None,
-            kv_lora_rank=16,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=16,
-        ),
-    }
-
-
-KINDS = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"]
-
-
-def make_model(kind: str) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(_configs()[kind](), dtype=torch.float32)
-    return model.eval()
-
-
-@torch.no_grad()
-def logits(model) -> torch.Tensor:
-    return model(PROMPT, attention_mask=torch.ones_like(PROMPT)).logits
-
-
-@torch.no_grad()
-def greedy(model) -> tuple[torch.Tensor, torch.Tensor]:
-    out = model.generate(
-        PROMPT,
-        attention_mask=torch.ones_like(PROMPT),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits, 1)
-
-
-def assert_same_greedy(model, ref_seq, ref_step_logits):
-    """model's greedy tokens equal ref_seq; on failure, report the reference's smallest top-1/top-2 margin."""
-    seq, _ = greedy(model)
-    if not torch.equal(seq, ref_seq):
-        top2 = ref_step_logits.float().topk(2, dim=-1).values
-        margin = (top2[..., 0] - top2[..., 1]).min().item()
-        pytest.fail(f"greedy tokens differ: {seq.tolist()} vs {ref_seq.tolist()} (reference min margin {margin:.3g})")
+from tests.helpers.hf_models import (  # noqa: E402
+    KINDS,
+    PROMPT,
+    assert_close_logits,
+    assert_same_greedy,
+    greedy,
+    logits,
+    make_model,
+)
 
 
 def dense_expert_bytes(model) -> int:
@@ -143,12 +43,6 @@ def dense_expert_bytes(model) -> int:
 
 def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def assert_close_logits(out, ref):
-    err = (out - ref).abs().max().item()
-    bound = 2e-2 * ref.abs().max().item() + 1e-3
-    assert err <= bound, f"max |patched - reference| = {err:.3g} > {bound:.3g}"
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +136,7 @@ def test_private_load_hook_still_fits(saved):
     params = list(inspect.signature(raw.__func__).parameters)
     assert params[:4] == ["model", "state_dict", "checkpoint_files", "load_config"], params
     seen = {}
-    with hf._before_and_after_weight_loading(lambda m: seen.update(before=type(m)),
+    with before_and_after_weight_loading(lambda m: seen.update(before=type(m)),
                                              lambda m, info: seen.update(after=info)) as fired:
         AutoModelForCausalLM.from_pretrained(saved["qwen3_moe"], dtype=torch.float32)
     assert fired and seen["before"].__name__ == "Qwen3MoeForCausalLM"
@@ -328,7 +222,7 @@ def test_compile_no_graph_break_in_moe_layers():
 def test_experts_implementation_ktmoe(saved):
     from transformers import AutoModelForCausalLM
 
-    from torch_ktmoe.integrations import transformers_experts as te
+    from torch_ktmoe.hf import implementation as te
 
     model = make_model("mixtral")
     ref = logits(model)

@@ -1,6 +1,6 @@
 """What a Hugging Face user does with a patched model: fp16, deepcopy, pickle, save_pretrained, backward.
 
-Models and helpers come from tests/test_hf.py (tiny random configs, offline).
+Models and helpers come from tests/helpers/hf_models.py (tiny random configs, offline).
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ import torch_ktmoe  # noqa: E402
 from torch_ktmoe import hf  # noqa: E402
 from torch_ktmoe.ops import InferenceOnlyError  # noqa: E402
 
-from tests.test_hf import KINDS, assert_close_logits, assert_same_greedy, greedy, logits, make_model  # noqa: E402
+from tests.helpers.hf_models import (  # noqa: E402
+    KINDS,
+    assert_close_logits,
+    assert_same_greedy,
+    greedy,
+    logits,
+    make_model,
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -11,10 +11,9 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from torch_ktmoe import hf  # noqa: E402
-from torch_ktmoe.integrations import transformers_experts  # noqa: E402
-from torch_ktmoe.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
-from tests.conftest import FORMAT_TOLERANCE  # noqa: E402
-from tests.test_hf import COMMON, assert_close_logits, assert_same_greedy, greedy, logits  # noqa: E402
+from torch_ktmoe.checkpoint.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from tests.helpers import FORMAT_TOLERANCE  # noqa: E402
+from tests.helpers.hf_models import COMMON, assert_close_logits, assert_same_greedy, greedy, logits  # noqa: E402
 
 LIMIT = 7.0
 
@@ -43,10 +42,10 @@ def tiny_gpt_oss(dtype=torch.float32, seed=16):
 
 def test_gpt_oss_is_supported_with_its_layout():
     ex = tiny_gpt_oss().model.layers[0].mlp.experts
-    assert transformers_experts.unsupported_reason(ex) is None
-    layout = transformers_experts.layout_of(ex)
+    assert hf.unsupported_reason(ex) is None
+    layout = hf.layout_of(ex)
     assert (layout.transposed, layout.interleaved, layout.biases, layout.activation) == (True, True, True, "swiglu_oai")
-    assert transformers_experts.experts_dims(ex) == (8, 64, 32)
+    assert hf.experts_dims(ex) == (8, 64, 32)
 
 
 def test_the_clamps_are_hit():

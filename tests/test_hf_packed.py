@@ -11,20 +11,14 @@ import torch
 pytest.importorskip("transformers")
 
 from torch_ktmoe import hf  # noqa: E402
-from torch_ktmoe.hf_packed import MANIFEST, PackedDirError  # noqa: E402
+from torch_ktmoe.hf.packed_dir import MANIFEST, PackedDirError  # noqa: E402
 
-from tests.test_hf import greedy, logits, make_model  # noqa: E402
-
-
-def _source(tmp_path, kind):
-    src = tmp_path / "src"
-    make_model(kind).save_pretrained(src)
-    return src
+from tests.helpers.hf_models import greedy, logits, make_model, source_checkpoint  # noqa: E402
 
 
 @pytest.mark.parametrize("kind,fmt", [("qwen3_moe", "bf16"), ("deepseek_v3", "int4"), ("mixtral", "int8")])
 def test_packed_dir_loads_without_source_bit_identical(tmp_path, kind, fmt):
-    src = _source(tmp_path, kind)
+    src = source_checkpoint(tmp_path, kind)
     model = hf.from_pretrained(src, dtype=torch.float32, weight_format=fmt, progress=False)
     ref, (ref_seq, _) = logits(model), greedy(model)
     manifest = hf.save_packed(model, tmp_path / "packed")
@@ -40,7 +34,7 @@ def test_packed_dir_loads_without_source_bit_identical(tmp_path, kind, fmt):
 
 
 def test_packed_dir_from_file_backed_model_copies_cache_files(tmp_path):
-    src = _source(tmp_path, "olmoe")
+    src = source_checkpoint(tmp_path, "olmoe")
     model = hf.from_pretrained(src, dtype=torch.float32, mmap_experts_dir=tmp_path / "cache", progress=False)
     manifest = hf.save_packed(model, tmp_path / "packed")
     for e in manifest["layers"]:
@@ -51,7 +45,7 @@ def test_packed_dir_from_file_backed_model_copies_cache_files(tmp_path):
 
 
 def test_packed_dir_corrupt_expert_file_names_it(tmp_path):
-    model = hf.from_pretrained(_source(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
+    model = hf.from_pretrained(source_checkpoint(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
     manifest = hf.save_packed(model, tmp_path / "packed")
     victim = tmp_path / "packed" / "experts" / manifest["layers"][1]["files"][0]
     data = bytearray(victim.read_bytes())
@@ -65,7 +59,7 @@ def test_packed_dir_corrupt_expert_file_names_it(tmp_path):
 
 
 def test_packed_dir_refuses_conflicting_arguments_and_bad_manifests(tmp_path):
-    model = hf.from_pretrained(_source(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
+    model = hf.from_pretrained(source_checkpoint(tmp_path, "olmoe"), dtype=torch.float32, progress=False)
     hf.save_packed(model, tmp_path / "packed")
     with pytest.raises(PackedDirError, match="fixes weight_format"):
         hf.from_pretrained(tmp_path / "packed", weight_format="int8", progress=False)

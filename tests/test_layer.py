@@ -5,7 +5,7 @@ import torch
 import torch_ktmoe
 from torch_ktmoe import KTMoE, reference
 from torch_ktmoe.ops import WEIGHT_FORMATS
-from tests.conftest import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
+from tests.helpers import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
 E, K, H, I = 8, 2, 64, 48
 

@@ -5,7 +5,7 @@ import torch
 
 import torch_ktmoe
 from torch_ktmoe import ops, reference
-from tests.conftest import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
+from tests.helpers import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
 FORMATS = ops.WEIGHT_FORMATS
 

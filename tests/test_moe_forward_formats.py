@@ -7,7 +7,7 @@ import torch
 import torch_ktmoe
 from torch_ktmoe import ops, reference
 from torch_ktmoe.unpack import packed_header, unpack_experts
-from tests.conftest import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
+from tests.helpers import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
 ROWS = torch_ktmoe._C.weight_formats()
 

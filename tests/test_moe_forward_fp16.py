@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torch_ktmoe import ops, reference
-from tests.conftest import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
+from tests.helpers import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_routing
 
 FORMATS = ops.WEIGHT_FORMATS
 

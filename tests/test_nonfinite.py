@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torch_ktmoe import ops
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts, random_routing
 
 E, K, H, I, T = 6, 2, 96, 64, 5
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_ktmoe
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts, random_routing
 from torch_ktmoe import KTMoE, memory, ops
 from torch_ktmoe.layer_residency import Residency
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from torch_ktmoe.reference import moe_reference
 from torch_ktmoe.sglang import MMAP_DIR_ENV, KTMoEWrapper, weight_format_of
-from tests.conftest import FORMAT_TOLERANCE, random_experts
+from tests.helpers import FORMAT_TOLERANCE, random_experts
 
 E, H, I, K, L = 6, 64, 32, 2, 3
 

@@ -12,7 +12,7 @@ import torch
 import torch_ktmoe
 from torch_ktmoe import KTMoE, WeightArena, memory
 from torch_ktmoe._native import _C
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts, random_routing
 
 E, K, H, I = 16, 4, 256, 512  # 16 experts x 3 x 256 x 512 bf16 = 12 MiB packed
 MiB = 1 << 20

@@ -43,10 +43,10 @@ def main(argv=None):
     from safetensors.torch import save_file
 
     from torch_ktmoe import KTMoE
-    from torch_ktmoe import hf_packed
+    from torch_ktmoe.hf import packed_dir
 
     out = args.out
-    experts_dir = os.path.join(out, hf_packed.EXPERTS_DIR)
+    experts_dir = os.path.join(out, packed_dir.EXPERTS_DIR)
     os.makedirs(experts_dir, exist_ok=True)
     os.chmod(out, 0o755), os.chmod(experts_dir, 0o755)
     t0 = time.time()
@@ -67,7 +67,7 @@ def main(argv=None):
         layers.append(dict(module=f"model.layers.{layer}.mlp.experts", layer_idx=layer, class_name="Qwen3MoeExperts",
                            num_experts=C.E, top_k=C.TOPK, hidden_size=C.H, intermediate_size=C.I,
                            weight_format=args.format, group_size=ktm.group_size, numa_parts=ktm.numa_parts,
-                           dense_dtype="bfloat16", fingerprint=fingerprint, files=hf_packed._file_names(ktm)))
+                           dense_dtype="bfloat16", fingerprint=fingerprint, files=packed_dir._file_names(ktm)))
         del ktm
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(GB=f"{written / 1e9:.1f}", MBps=f"{written / 1e6 / (time.time() - t0):.0f}")
@@ -77,11 +77,11 @@ def main(argv=None):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    manifest = dict(format=hf_packed.FORMAT, version=hf_packed.VERSION, experts_dir=hf_packed.EXPERTS_DIR,
+    manifest = dict(format=packed_dir.FORMAT, version=packed_dir.VERSION, experts_dir=packed_dir.EXPERTS_DIR,
                     layers=layers)
-    with open(os.path.join(out, hf_packed.MANIFEST + ".tmp"), "w") as f:
+    with open(os.path.join(out, packed_dir.MANIFEST + ".tmp"), "w") as f:
         json.dump(manifest, f, indent=1)
-    os.replace(os.path.join(out, hf_packed.MANIFEST + ".tmp"), os.path.join(out, hf_packed.MANIFEST))
+    os.replace(os.path.join(out, packed_dir.MANIFEST + ".tmp"), os.path.join(out, packed_dir.MANIFEST))
     os.sync()
     dt = time.time() - t0
     total = C.dir_bytes(out)

@@ -32,7 +32,7 @@ from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
 import torch_ktmoe.sglang as ktsgl  # noqa: E402
 
 E, H, I, K, LAYERS, LAYER = 8, 64, 32, 2, 2, 1
-FORMAT_BOUND = {"BF16": 0.01, "INT8": 0.03, "INT4": 0.15}  # tests/conftest.py FORMAT_TOLERANCE
+FORMAT_BOUND = {"BF16": 0.01, "INT8": 0.03, "INT4": 0.15}  # tests/helpers FORMAT_TOLERANCE
 
 _parallel = get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, moe_ep_size=1,
                                     moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0,

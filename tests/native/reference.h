@@ -28,7 +28,7 @@ inline const char* role_name(MatrixRole r) {
   return r == MatrixRole::kGateUp ? "gateup" : r == MatrixRole::kDown ? "down" : "plain";
 }
 
-// The accuracy bound of a format: mean|out - ref| / mean|ref| against dense fp32 (tests/conftest.py's table).
+// The accuracy bound of a format: mean|out - ref| / mean|ref| against dense fp32 (tests/helpers/__init__.py's table).
 inline double format_bound(WeightFormat f) {
   return f == WeightFormat::kBF16 ? 0.01 : f == WeightFormat::kINT8 ? 0.03 : 0.15;
 }

@@ -28,9 +28,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .. import cache as _cache
+from ..checkpoint import SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe
 from ..layer import KTMoE
-from .checkpoint import CheckpointLayer, check_weight_path
+from .checkpoint import check_weight_path, layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
@@ -138,12 +138,11 @@ class KTMoEWrapper:
                              f"entries, fewer than num_experts={self.num_experts}")
         return p2l[self.cpu_physical].tolist()
 
-    def _new_moe(self) -> KTMoE:
-        if self.mmap_experts_dir is not None:
-            os.makedirs(self.mmap_experts_dir, exist_ok=True)
-        return KTMoE(self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size,
-                     weight_format=self.weight_format, mmap_experts_dir=self.mmap_experts_dir,
-                     layer_idx=self.layer_idx)
+    def _ktmoe_args(self) -> tuple[tuple, dict]:
+        """The positional and keyword arguments of this layer's KTMoE."""
+        return ((self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size),
+                dict(mmap_experts_dir=self.mmap_experts_dir, weight_format=self.weight_format,
+                     layer_idx=self.layer_idx))
 
     def load_weights(self, physical_to_logical_map=None) -> None:
         """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.
@@ -153,19 +152,12 @@ class KTMoEWrapper:
         With ``mmap_experts_dir`` a valid packed cache is mapped instead.
         """
         ids = self._logical_ids(physical_to_logical_map)
-        moe = self._new_moe()
-        src = CheckpointLayer(self.weight_path, self.layer_idx, self.hidden_size, self.intermediate_size)
-        try:
-            source = _cache.checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
+        with SafetensorsCheckpoint(self.weight_path) as ckpt:
+            reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size)
+            source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
-            fingerprint = _cache.layer_fingerprint(source, f"experts:{experts}")
-            if not moe.try_load_cached(fingerprint):
-                with torch.no_grad():
-                    for j, (gate_up, down) in enumerate(src.experts(ids)):
-                        moe.load_expert(j, _dense(gate_up), _dense(down), fingerprint=fingerprint)
-        finally:
-            src.close()
-        self.moe = moe
+            args, kwargs = self._ktmoe_args()
+            self.moe = load_experts(*args, reader.experts(ids), source=source, key=f"experts:{experts}", **kwargs)
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
                                   physical_to_logical_map=None) -> None:
@@ -180,9 +172,11 @@ class KTMoEWrapper:
         else:
             raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): gate_proj has {n} experts; expected "
                              f"num_experts={self.num_experts} or the {self.num_cpu_experts} CPU experts")
-        moe = self._new_moe()
+        args, kwargs = self._ktmoe_args()
+        moe = make_ktmoe(*args, **kwargs)
         with torch.no_grad():
-            moe.load_weights_separate(_dense(gate_proj[sel]), _dense(up_proj[sel]), _dense(down_proj[sel]))
+            moe.load_weights_separate(as_kernel_input(gate_proj[sel]), as_kernel_input(up_proj[sel]),
+                                      as_kernel_input(down_proj[sel]))
         self.moe = moe
 
     # ---------------------------------------------------------------- forward
@@ -282,6 +276,3 @@ class KTMoEWrapper:
         return (f"KTMoEWrapper(layer={self.layer_idx}, method={self.method!r} -> {self.weight_format}, "
                 f"cpu_experts={self.num_cpu_experts}/{self.num_experts}, moe={self.moe!r})")
 
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype in (torch.bfloat16, torch.float32) else t.float()

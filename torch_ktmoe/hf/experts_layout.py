@@ -13,6 +13,8 @@ transformers 5.x experts classes describe their own storage with the flags of
   instead of all gate rows first;
 * ``has_bias``: ``gate_up_proj_bias [E, 2I]`` (same order along 2I) and ``down_proj_bias [E, H]``.
 
+The first two are a :class:`torch_ktmoe.checkpoint.FusedLayout` (checkpoints store fused
+tensors the same way); :class:`ExpertsLayout` adds the biases and the activation.
 gpt-oss (``GptOssExperts``) is transposed, interleaved and biased, and its ``_apply_gate`` is a
 clamped SwiGLU (KTMoE's ``activation="swiglu_oai"`` with the module's ``alpha`` / ``limit``).
 :class:`ExpertsLayout` turns either layout into KTMoE's with views (packing reads strided
@@ -25,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checkpoint import FusedLayout
+
 
 @dataclass(frozen=True)
-class ExpertsLayout:
-    transposed: bool = False  # gate_up_proj [E, H, 2I], down_proj [E, I, H]
-    interleaved: bool = False  # gate = 0::2, up = 1::2 along 2I (else gate = [:I], up = [I:])
+class ExpertsLayout(FusedLayout):
     biases: bool = False  # gate_up_proj_bias [E, 2I], down_proj_bias [E, H]
     activation: str = "silu"  # KTMoE's activation=
     swiglu_alpha: float = 1.702
@@ -41,50 +43,18 @@ class ExpertsLayout:
             return {}
         return dict(activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
 
-    def dims(self, gate_up_proj: torch.Tensor) -> tuple[int, int, int]:
-        """(E, H, I) from gate_up_proj's shape (meta tensors are fine)."""
-        E, a, b = gate_up_proj.shape
-        H, two_i = (a, b) if self.transposed else (b, a)
-        return int(E), int(H), int(two_i) // 2
-
     def shapes(self, E: int, H: int, I: int) -> dict[str, tuple[int, ...]]:
         """The dense parameters' shapes in this layout."""
-        out = {"gate_up_proj": (E, H, 2 * I) if self.transposed else (E, 2 * I, H),
-               "down_proj": (E, I, H) if self.transposed else (E, H, I)}
+        out = super().shapes(E, H, I)
         if self.biases:
             out.update(gate_up_proj_bias=(E, 2 * I), down_proj_bias=(E, H))
         return out
-
-    # ---- dense (this layout) -> KTMoE
-    def split_gate_up(self, gate_up_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """gate_up_proj [..., E?, (2I, H) or (H, 2I)] -> views gate, up [..., I, H]."""
-        gu = gate_up_proj.transpose(-1, -2) if self.transposed else gate_up_proj  # [..., 2I, H]
-        if self.interleaved:
-            return gu[..., 0::2, :], gu[..., 1::2, :]
-        inter = gu.shape[-2] // 2
-        return gu[..., :inter, :], gu[..., inter:, :]
-
-    def down(self, down_proj: torch.Tensor) -> torch.Tensor:
-        """down_proj -> view [..., H, I]."""
-        return down_proj.transpose(-1, -2) if self.transposed else down_proj
 
     def gate_up_bias(self, gate_up_proj_bias: torch.Tensor) -> torch.Tensor:
         """gate_up_proj_bias [E, 2I] in this layout's order -> [E, 2I] gate then up (a copy)."""
         if not self.interleaved:
             return gate_up_proj_bias
         return torch.cat([gate_up_proj_bias[..., 0::2], gate_up_proj_bias[..., 1::2]], -1)
-
-    # ---- KTMoE -> dense (this layout)
-    def join(self, gate_up: torch.Tensor, down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """KTMoE's gate_up [E, 2I, H] (gate rows first), down [E, H, I] -> (gate_up_proj, down_proj)."""
-        if self.interleaved:
-            inter = gate_up.shape[1] // 2
-            mixed = torch.empty_like(gate_up)
-            mixed[:, 0::2], mixed[:, 1::2] = gate_up[:, :inter], gate_up[:, inter:]
-            gate_up = mixed
-        if self.transposed:
-            gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
-        return gate_up, down
 
 
 SILU_CONCATENATED = ExpertsLayout()

@@ -3,8 +3,16 @@
 A block holds 32 weights: 16 bytes of FP4 E2M1 codes (two per byte, the low nibble first)
 and one E8M0 scale byte, the power of two ``2^(scale - 127)``. E2M1 codes 0..7 are
 0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes 8..15 the same values negated.
+
+:class:`Mxfp4Experts` reads a gpt-oss checkpoint's experts, dequantized one expert at a time.
 """
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional
+
 import torch
+
+from .fused_layout import CONCATENATED, FusedLayout
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -41,3 +49,41 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = (idx + 8 * (scaled < 0)).to(torch.uint8)
     blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return blocks, (exp + 127).to(torch.uint8)
+
+
+class Mxfp4Experts:
+    """gpt-oss MXFP4 experts: ``<prefix>.gate_up_proj_blocks`` [E, 2I, H/32, 16] with ``_scales`` [E, 2I, H/32],
+    and the same for ``down_proj`` ([E, H, I/32, 16]). Rows are output features (never transposed);
+    gate and up alternate as ``layout.interleaved`` says. Yields fp32 ``(gate_up [2I, H], down [H, I])``."""
+
+    @staticmethod
+    def probe_keys(prefix: str) -> list[str]:
+        return [f"{prefix}.gate_up_proj_blocks"]
+
+    @classmethod
+    def find(cls, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int] = None,
+             layout: FusedLayout = CONCATENATED) -> Optional["Mxfp4Experts"]:
+        if f"{prefix}.gate_up_proj_blocks" not in ckpt:
+            return None
+        return cls(ckpt, prefix, hidden_size, intermediate_size, num_experts, layout)
+
+    def __init__(self, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int],
+                 layout: FusedLayout):
+        H, I = hidden_size, intermediate_size
+        E = ckpt.shape(f"{prefix}.gate_up_proj_blocks")[0] if num_experts is None else num_experts
+        for name, shape in {"gate_up_proj": (E, 2 * I, H // 32, 16), "down_proj": (E, H, I // 32, 16)}.items():
+            ckpt.expect_shape(f"{prefix}.{name}_blocks", shape)
+            ckpt.expect_shape(f"{prefix}.{name}_scales", shape[:3])
+        self.ckpt, self.prefix = ckpt, prefix
+        self.rows = FusedLayout(transposed=False, interleaved=layout.interleaved)  # stored output-major
+
+    def _dequantized_row(self, name: str, e: int) -> torch.Tensor:
+        return dequantize_mxfp4(self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e),
+                                self.ckpt.get_row(f"{self.prefix}.{name}_scales", e))
+
+    def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ids = list(ids)
+        self.ckpt.expect_rows(f"{self.prefix}.gate_up_proj_blocks", ids)
+        for e in ids:
+            gate, up = self.rows.split_gate_up(self._dequantized_row("gate_up_proj", e))  # [2I, H]
+            yield torch.cat([gate, up]), self._dequantized_row("down_proj", e)

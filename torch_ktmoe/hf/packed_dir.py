@@ -43,13 +43,17 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 
 import torch
 import torch.nn as nn
 
-from ._native import _C
-from .arena import WeightArena
-from .cache import CACHE_SUFFIX
+from .._native import _C
+from ..arena import WeightArena
+from ..cache import CACHE_SUFFIX
+from ..layer import KTMoE
+from .experts import KTMoEExperts, dense_experts, unpacking_disabled
+from .patch import account
 
 MANIFEST = "ktmoe_packed.json"
 FORMAT = "torch_ktmoe.packed_dir"
@@ -114,9 +118,6 @@ def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return ktm.cache_fingerprint
-    from .integrations.transformers_experts import dense_experts
-    from .layer import KTMoE
-
     fingerprint = f"torch_ktmoe.save_packed:{uuid.uuid4().hex}"
     gate_up, down = dense_experts(ktm) if ktm.weight_format == "bf16" else _quiet_dense(ktm)
     copy = KTMoE(ktm.num_experts, ktm.top_k, ktm.hidden_size, ktm.intermediate_size,
@@ -136,19 +137,16 @@ def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
 
 
 def _quiet_dense(ktm):
-    import warnings
-
-    from .integrations.transformers_experts import dense_experts
-
     with warnings.catch_warnings():  # the dequantization warning is about checkpoints, not this repack
         warnings.simplefilter("ignore")
         return dense_experts(ktm)
 
 
 def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
-    """Write ``model`` (patched by torch_ktmoe.hf) as a packed model directory; returns the manifest."""
-    from .integrations.transformers_experts import KTMoEExperts, unpacking_disabled
+    """Write ``model`` (patched by torch_ktmoe.hf) as a packed model directory; returns the manifest.
 
+    ``torch_ktmoe.hf.from_pretrained(directory)`` then loads it without the source checkpoint, mapping the experts.
+    """
     directory = os.fspath(directory)
     adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, KTMoEExperts)]
     if not adapters:
@@ -188,8 +186,6 @@ def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
 
 def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
     """The KTMoE of one manifest entry, mapped from the directory's files (raises if any is invalid)."""
-    from .layer import KTMoE
-
     for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
         if key in ktmoe_kwargs:
             raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
@@ -208,3 +204,36 @@ def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
     return ktm
 
 
+def packed_dir_layers(path: str, **fixed) -> dict | None:
+    """A packed model directory's layers by module name (None for a checkpoint). Such a directory
+    fixes the options in ``fixed`` (weight_format, mmap_experts_dir, cache): giving one is an error."""
+    if not is_packed_dir(path):
+        return None
+    given = [k for k, v in fixed.items() if v is not None]
+    if given:
+        raise PackedDirError(
+            f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {MANIFEST})"
+        )
+    manifest = read_manifest(path)
+    return {"manifest": manifest, "by_module": {e["module"]: e for e in manifest["layers"]}}
+
+
+def map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report) -> None:
+    """from_pretrained of a packed model directory: every experts layer mapped from its files."""
+    missing = [b.name for b, *_ in entries if b.name not in by_module]
+    if missing or len(entries) != len(by_module):
+        raise PackedDirError(
+            f"from_pretrained({path}): the model's experts blocks and {MANIFEST} disagree "
+            f"(not in the manifest: {missing}; manifest: {sorted(by_module)})"
+        )
+    for b, E, H, I, adapter in entries:
+        entry = by_module[b.name]
+        if (entry["num_experts"], entry["hidden_size"], entry["intermediate_size"], entry["top_k"]) != (E, H, I, adapter.top_k):
+            raise PackedDirError(
+                f"from_pretrained({path}): {b.name}: the config says E, H, I, top_k = {(E, H, I, adapter.top_k)}, "
+                f"the manifest {(entry['num_experts'], entry['hidden_size'], entry['intermediate_size'], entry['top_k'])}"
+            )
+        ktm = load_layer(entry, path, manifest["experts_dir"], {**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
+        adapter.ktmoe = ktm
+        adapter.layer_idx = ktm.layer_idx
+        account(report, b, ktm, 0)

@@ -24,7 +24,7 @@ Two ways in:
 
 * :class:`KTMoEExperts` replaces the experts module (``torch_ktmoe.hf.patch_model``
   / ``torch_ktmoe.hf.from_pretrained``); the dense parameters are dropped.
-* the experts implementation ``"ktmoe"`` (:func:`register_experts_implementation`):
+* the experts implementation ``"ktmoe"`` (:mod:`.implementation`):
   ``model.set_experts_implementation("ktmoe")`` packs each experts module into a KTMoE
   on its first call and then releases its dense parameters (``keep_dense`` keeps them,
   so the model can switch back, at the cost of both copies).
@@ -42,14 +42,12 @@ the replaced module's keys). Every other experts class is refused with a reason
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from ..unpack import unpack_experts
 from .experts_layout import SILU_CONCATENATED, ExpertsLayout, flags_layout, gpt_oss_layout
 
 __all__ = [
@@ -59,20 +57,18 @@ __all__ = [
     "unsupported_reason",
     "looks_like_experts",
     "experts_dims",
-    "ktmoe_experts_forward",
-    "register_experts_implementation",
-    "configure_experts_implementation",
-    "implementation_options",
     "dense_experts",
-    "ENV_OPTIONS",
+    "unpacking_disabled",
+    "unpacking_enabled",
     "layout_of",
     "pack_dense_experts",
+    "sync_biases",
 ]
 
 # Experts classes of transformers 5.x validated against the KTMoE semantics (fused [E,2I,H]
-# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU): each generates the same
-# greedy tokens as its unpatched model on a tiny random config (tests/test_hf.py for the first five,
-# tests/test_hf_families.py for the others).
+# gate_up_proj with gate rows first, [E,H,I] down_proj, no bias, SiLU; gpt-oss in its own layout,
+# experts_layout.py): each generates the same greedy tokens as its unpatched model on a tiny random
+# config (tests/test_hf.py for the first five, tests/test_hf_families.py for the others).
 SUPPORTED_EXPERTS_CLASSES = frozenset(
     {
         "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
@@ -93,12 +89,6 @@ SUPPORTED_EXPERTS_CLASSES = frozenset(
 
 class UnsupportedExpertsError(TypeError):
     """An experts block KTMoE cannot replace exactly."""
-
-
-def _ktmoe_cls():
-    import torch_ktmoe
-
-    return torch_ktmoe.KTMoE
 
 
 def looks_like_experts(name: str, module: nn.Module) -> bool:
@@ -280,8 +270,6 @@ def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor
     bf16 experts come back exactly; int8 / int4 are dequantized (what the kernels
     multiply, not the original weights) with a warning. ``dtype`` casts the result.
     """
-    from ..unpack import unpack_experts
-
     gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
     if fmt != "bf16":
         warnings.warn(
@@ -296,6 +284,11 @@ def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor
 
 
 _UNPACK = {"enabled": True}
+
+
+def unpacking_enabled() -> bool:
+    """False within :func:`unpacking_disabled`: state_dict() leaves packed experts out."""
+    return _UNPACK["enabled"]
 
 
 @contextlib.contextmanager
@@ -313,117 +306,8 @@ def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
     # save_pretrained / state_dict() of a patched model: the replaced block's own keys, so the checkpoint
     # reloads into the unpatched class (bf16 exact, int8/int4 dequantized with a warning).
     ktm = module.ktmoe
-    if not _UNPACK["enabled"] or ktm is None or not ktm.loaded:  # still being loaded (torch_ktmoe.hf.from_pretrained): no expert keys yet
+    if not unpacking_enabled() or ktm is None or not ktm.loaded:  # from_pretrained still loading: no expert keys yet
         return
     gate_up, down = module.layout.join(*dense_experts(ktm, module.dense_dtype))
     state_dict[prefix + "gate_up_proj"] = gate_up
     state_dict[prefix + "down_proj"] = down
-
-
-# ---------------------------------------------------------------------------------------------
-# experts implementation "ktmoe"
-# ---------------------------------------------------------------------------------------------
-
-_IMPL_OPTIONS: dict = {}  # set by configure_experts_implementation; else the KTMOE_* environment variables
-_IMPL_LAYER_IDS = itertools.count()
-ENV_OPTIONS = {  # environment variable -> KTMoE option, for the "ktmoe" experts implementation
-    "KTMOE_WEIGHT_FORMAT": "weight_format",
-    "KTMOE_MMAP_EXPERTS_DIR": "mmap_experts_dir",
-    "KTMOE_CACHE": "cache",
-    "KTMOE_KEEP_DENSE": "keep_dense",
-}
-
-
-def configure_experts_implementation(*, weight_format: str = "bf16", mmap_experts_dir=None, keep_dense: bool = False,
-                                     **ktmoe_kwargs) -> None:
-    """KTMoE options of the ``"ktmoe"`` experts implementation, for modules packed from now on.
-
-    Overrides the environment variables (``KTMOE_WEIGHT_FORMAT``, ``KTMOE_MMAP_EXPERTS_DIR``,
-    ``KTMOE_CACHE``, ``KTMOE_KEEP_DENSE=1``). ``keep_dense=True`` keeps the dense parameters
-    after packing (so the model can switch back to ``"eager"``), at the cost of both copies.
-    """
-    _IMPL_OPTIONS.clear()
-    _IMPL_OPTIONS.update(weight_format=weight_format, mmap_experts_dir=mmap_experts_dir, keep_dense=keep_dense,
-                         **ktmoe_kwargs)
-
-
-def implementation_options() -> dict:
-    """The options the next ``"ktmoe"`` packing uses: configure_experts_implementation's, else the environment's."""
-    if _IMPL_OPTIONS:
-        return dict(_IMPL_OPTIONS)
-    opts = {"weight_format": "bf16", "mmap_experts_dir": None, "keep_dense": False}
-    for var, key in ENV_OPTIONS.items():
-        value = os.environ.get(var)
-        if value:
-            opts[key] = value.strip().lower() in ("1", "true", "yes") if key == "keep_dense" else value
-    return opts
-
-
-@dataclass
-class _Packed:
-    ktmoe: nn.Module
-
-
-def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
-    # the dense parameters were released after packing: state_dict / save_pretrained unpack them again
-    packed = module.__dict__.get("_ktmoe_packed")
-    if _UNPACK["enabled"] and packed is not None and module.gate_up_proj.numel() == 0:
-        gate_up, down = layout_of(module).join(*dense_experts(packed.ktmoe, module.gate_up_proj.dtype))
-        state_dict[prefix + "gate_up_proj"] = gate_up
-        state_dict[prefix + "down_proj"] = down
-
-
-@torch.compiler.disable
-@torch.no_grad()
-def _pack_experts_module(module: nn.Module) -> nn.Module:
-    reason = unsupported_reason(module)
-    if reason is not None:
-        raise UnsupportedExpertsError(f'experts_implementation="ktmoe": {reason}')
-    E, H, I = experts_dims(module)
-    opts = implementation_options()
-    keep_dense = opts.pop("keep_dense")
-    if opts.get("mmap_experts_dir"):
-        os.makedirs(opts["mmap_experts_dir"], exist_ok=True)
-    layout = layout_of(module)
-    ktm = _ktmoe_cls()(E, module.config.num_experts_per_tok, H, I, layer_idx=next(_IMPL_LAYER_IDS),
-                       **layout.ktmoe_kwargs(), **opts)
-    pack_dense_experts(ktm, layout, module.gate_up_proj.detach(), module.down_proj.detach())
-    # kept in __dict__, not as a submodule: not in state_dict(), not touched by .to()/save_pretrained
-    module.__dict__["_ktmoe_packed"] = _Packed(ktm)
-    if not keep_dense:  # the packed copy replaces the dense one; state_dict() unpacks on demand
-        for p in (module.gate_up_proj, module.down_proj):
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        module.register_state_dict_post_hook(_freed_state_dict_hook)
-        from ..memory import release_free_heap
-
-        release_free_heap()
-    return ktm
-
-
-def ktmoe_experts_forward(
-    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-) -> torch.Tensor:
-    """``ExpertsInterface`` entry ``"ktmoe"``: packs ``self``'s dense weights on the first call, then runs KTMoE.
-
-    After packing, the dense parameters are released (their ``.data`` becomes empty;
-    ``state_dict()``/``save_pretrained`` unpack the experts again), so the model ends
-    with one, packed copy of its experts. Options: :func:`configure_experts_implementation`
-    or the ``KTMOE_*`` environment variables (:data:`ENV_OPTIONS`); with
-    ``keep_dense`` the dense parameters stay (the model can switch back to
-    ``"eager"``/``"grouped_mm"``) and the packed copy is not refreshed if they change
-    -- delete ``module.__dict__["_ktmoe_packed"]`` to repack.
-    """
-    packed = self.__dict__.get("_ktmoe_packed")
-    if packed is None and self.gate_up_proj.numel() == 0:
-        raise RuntimeError(f"{type(self).__name__}: its dense experts were released and it has no packed copy")
-    ktm = packed.ktmoe if packed is not None else _pack_experts_module(self)
-    if getattr(self, "has_bias", False):  # the biases stay the module's own (small) parameters
-        sync_biases(ktm, layout_of(self), self.gate_up_proj_bias, self.down_proj_bias)
-    return ktm(hidden_states, top_k_index, top_k_weights)
-
-
-def register_experts_implementation(name: str = "ktmoe") -> None:
-    """Register ``name`` in transformers' ``ExpertsInterface`` (idempotent)."""
-    from transformers.integrations.moe import ExpertsInterface
-
-    ExpertsInterface.register(name, ktmoe_experts_forward)

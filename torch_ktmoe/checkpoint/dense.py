@@ -1,0 +1,93 @@
+"""Dense experts in a checkpoint (bf16 / fp16 / fp32): stacked in two fused tensors, or one tensor per expert.
+
+Both readers yield, per expert id, ``(gate_up [2I, H], down [H, I])`` (gate rows first) in the
+checkpoint's dtype, reading one expert at a time; shapes are checked before anything is read.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from .fused_layout import CONCATENATED, FusedLayout
+from .safetensors_dir import SafetensorsCheckpoint
+
+# (gate, up, down) key suffixes under "<prefix>.<expert>."
+PER_EXPERT_LAYOUTS = (
+    ("gate_proj.weight", "up_proj.weight", "down_proj.weight"),  # Qwen2/3-MoE, OLMoE, DeepSeek-V3
+    ("w1.weight", "w3.weight", "w2.weight"),  # Mixtral
+)
+
+
+class FusedExperts:
+    """``<prefix>.gate_up_proj`` [E, 2I, H] and ``<prefix>.down_proj`` [E, H, I] in a :class:`FusedLayout`
+    (transformers 5 checkpoints; gpt-oss's bf16 ones are transposed and interleaved). Granite-MoE
+    names the pair ``<block>.input_linear.weight`` / ``<block>.output_linear.weight``."""
+
+    @staticmethod
+    def key_pairs(prefix: str) -> list[tuple[str, str]]:
+        pairs = [(f"{prefix}.gate_up_proj", f"{prefix}.down_proj")]
+        if prefix.endswith(".experts"):
+            parent = prefix[: -len(".experts")]
+            pairs.append((f"{parent}.input_linear.weight", f"{parent}.output_linear.weight"))
+        return pairs
+
+    @classmethod
+    def probe_keys(cls, prefix: str) -> list[str]:
+        return [gate_up for gate_up, _ in cls.key_pairs(prefix)]
+
+    @classmethod
+    def find(cls, ckpt: SafetensorsCheckpoint, prefix: str, hidden_size: int, intermediate_size: int,
+             num_experts: Optional[int] = None, layout: FusedLayout = CONCATENATED) -> Optional["FusedExperts"]:
+        for gate_up, down in cls.key_pairs(prefix):
+            if gate_up in ckpt and down in ckpt:
+                return cls(ckpt, gate_up, down, hidden_size, intermediate_size, num_experts, layout)
+        return None
+
+    def __init__(self, ckpt, gate_up_key: str, down_key: str, hidden_size: int, intermediate_size: int,
+                 num_experts: Optional[int], layout: FusedLayout):
+        E = ckpt.shape(gate_up_key)[0] if num_experts is None else num_experts
+        shapes = layout.shapes(E, hidden_size, intermediate_size)
+        ckpt.expect_shape(gate_up_key, shapes["gate_up_proj"])
+        ckpt.expect_shape(down_key, shapes["down_proj"])
+        self.ckpt, self.gate_up_key, self.down_key, self.layout = ckpt, gate_up_key, down_key, layout
+
+    def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ids = list(ids)
+        self.ckpt.expect_rows(self.gate_up_key, ids)
+        for e in ids:
+            gate, up = self.layout.split_gate_up(self.ckpt.get_row(self.gate_up_key, e))
+            yield torch.cat([gate, up]), self.layout.down(self.ckpt.get_row(self.down_key, e))
+
+
+class PerExpertTensors:
+    """``<prefix>.<e>.gate_proj.weight`` [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I], or another
+    suffix triple of :data:`PER_EXPERT_LAYOUTS` (Mixtral's ``w1`` / ``w3`` / ``w2``)."""
+
+    @staticmethod
+    def probe_keys(prefix: str) -> list[str]:
+        return [f"{prefix}.0.{suffixes[0]}" for suffixes in PER_EXPERT_LAYOUTS]
+
+    @classmethod
+    def find(cls, ckpt: SafetensorsCheckpoint, prefix: str, hidden_size: int, intermediate_size: int,
+             num_experts: Optional[int] = None, layout: FusedLayout = CONCATENATED) -> Optional["PerExpertTensors"]:
+        for suffixes in PER_EXPERT_LAYOUTS:
+            if f"{prefix}.0.{suffixes[0]}" in ckpt:
+                return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
+        return None
+
+    def __init__(self, ckpt, prefix: str, suffixes: tuple[str, str, str], hidden_size: int, intermediate_size: int):
+        self.ckpt, self.prefix, self.suffixes = ckpt, prefix, suffixes
+        H, I = hidden_size, intermediate_size
+        self.shapes = ((I, H), (I, H), (H, I))
+
+    def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for e in ids:
+            keys = [f"{self.prefix}.{e}.{s}" for s in self.suffixes]
+            missing = [k for k in keys if k not in self.ckpt]
+            if missing:
+                raise KeyError(f"expert {e} is missing in {self.ckpt.path}: {missing}")
+            for key, shape in zip(keys, self.shapes):
+                self.ckpt.expect_shape(key, shape)
+            gate, up, down = (self.ckpt.get(k) for k in keys)
+            yield torch.cat([gate, up]), down

@@ -1,0 +1,85 @@
+"""Hugging Face transformers 5.x drop-in: run a model's routed experts with KTMoE.
+
+Entry points:
+
+``patch_model(model, *, mmap_experts_dir=None, weight_format="bf16", ...) -> PatchReport``
+    Finds every experts block of a loaded model, packs its weights into a
+    :class:`torch_ktmoe.KTMoE` (``layer_idx`` = decoder layer index), puts a
+    :class:`KTMoEExperts` in its place and frees the dense ``gate_up_proj``/``down_proj``
+    parameters (:mod:`.patch`).
+
+``from_pretrained(path, *, mmap_experts_dir=None, weight_format="bf16", dtype=None, ...)``
+    Builds the model with transformers, swapping the experts modules for empty
+    ``KTMoEExperts`` before any weight loads, and streams each layer's experts out of the
+    safetensors shards into KTMoE, one expert at a time (:mod:`.streaming`).
+
+``save_packed(model, DIR)`` / ``from_pretrained(DIR)``
+    A packed model directory: config, non-expert safetensors and the packed experts as
+    cache files, loaded without the source checkpoint (:mod:`.packed_dir`).
+
+experts implementation ``"ktmoe"``
+    Importing this package registers ``"ktmoe"`` in transformers' ``ExpertsInterface``, so
+    ``model.set_experts_implementation("ktmoe")`` and
+    ``AutoModelForCausalLM.from_pretrained(..., experts_implementation="ktmoe")`` work
+    (:mod:`.implementation`; options: :func:`configure_experts_implementation` or the
+    ``KTMOE_WEIGHT_FORMAT`` / ``KTMOE_MMAP_EXPERTS_DIR`` / ``KTMOE_CACHE`` / ``KTMOE_KEEP_DENSE``
+    environment variables).
+
+Supported experts classes: :data:`SUPPORTED_EXPERTS_CLASSES`, each validated against its
+unpatched model; gpt-oss's transposed, interleaved, biased layout with its clamped SwiGLU is
+mapped by :mod:`.experts_layout`. Every other experts block is refused with
+:class:`UnsupportedExpertsError` naming the class and the reason (:func:`unsupported_reason`;
+``strict=False`` leaves them dense and lists them in the report).
+
+A patched model's ``state_dict()``/``save_pretrained`` write the experts back as dense
+tensors under the replaced class's keys (bf16 exact; int8/int4 dequantized, with a
+warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
+:class:`torch_ktmoe.ops.InferenceOnlyError`. ``KTMoEExperts`` does not dispatch on
+``config._experts_implementation`` (patching sets it to ``"ktmoe"`` so
+``model.get_experts_implementation()`` tells the truth; switching it afterwards changes nothing).
+"""
+
+from .experts import (
+    SUPPORTED_EXPERTS_CLASSES,
+    KTMoEExperts,
+    UnsupportedExpertsError,
+    dense_experts,
+    experts_dims,
+    layout_of,
+    unsupported_reason,
+)
+from .experts_layout import ExpertsLayout
+from .implementation import (
+    ENV_OPTIONS,
+    configure_experts_implementation,
+    implementation_options,
+    register_experts_implementation,
+)
+from .packed_dir import PackedDirError, save_packed
+from .patch import ExpertsBlock, PatchReport, RefusedBlock, find_experts_blocks, patch_model
+from .streaming import from_pretrained
+
+__all__ = [
+    "patch_model",
+    "from_pretrained",
+    "save_packed",
+    "find_experts_blocks",
+    "PatchReport",
+    "RefusedBlock",
+    "ExpertsBlock",
+    "UnsupportedExpertsError",
+    "SUPPORTED_EXPERTS_CLASSES",
+    "KTMoEExperts",
+    "ExpertsLayout",
+    "unsupported_reason",
+    "layout_of",
+    "experts_dims",
+    "dense_experts",
+    "PackedDirError",
+    "register_experts_implementation",
+    "configure_experts_implementation",
+    "implementation_options",
+    "ENV_OPTIONS",
+]
+
+register_experts_implementation("ktmoe")

@@ -1,0 +1,236 @@
+"""``from_pretrained``: a transformers MoE model whose experts stream from safetensors into KTMoE.
+
+transformers' own ``from_pretrained`` builds the model on the meta device; before it loads any
+weight, every experts block becomes an empty :class:`~torch_ktmoe.hf.experts.KTMoEExperts`
+(:mod:`.load_hook`), so transformers never materializes a dense expert; it loads every other
+weight; then each block's experts are read one at a time out of the shards by the readers of
+:mod:`torch_ktmoe.checkpoint` (fused, per-expert or MXFP4 keys) into
+:func:`torch_ktmoe.checkpoint.load_experts`, which maps the block's valid cache files instead
+when ``mmap_experts_dir`` holds them. Peak anonymous memory ~ non-expert weights + one expert's
+dense tensors (+ the packed experts when they are not file-backed).
+
+A packed model directory (:mod:`.packed_dir`) loads the same way, its experts mapped from its files.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..checkpoint import SafetensorsCheckpoint, checkpoint_fingerprint, find_experts, load_experts
+from ..memory import release_free_heap
+from . import packed_dir
+from .experts import experts_dims
+from .load_hook import before_and_after_weight_loading
+from .patch import (
+    PatchReport,
+    RefusedBlock,
+    account,
+    adapter_for,
+    find_experts_blocks,
+    mark_config,
+    refusal_error,
+    set_submodule,
+)
+
+__all__ = ["from_pretrained"]
+
+
+def candidate_prefixes(name: str, base_model_prefix: str) -> list[str]:
+    """Where a checkpoint may keep the experts of module ``name``: with and without the base model prefix,
+    and Mixtral's ``block_sparse_moe`` in place of ``mlp``."""
+    names = [name]
+    if ".mlp.experts" in name:  # Mixtral checkpoints: block_sparse_moe
+        names.append(name.replace(".mlp.experts", ".block_sparse_moe.experts"))
+    out: list[str] = []
+    for n in names:
+        out.append(n)
+        if base_model_prefix:
+            bp = base_model_prefix + "."
+            out.append(n[len(bp) :] if n.startswith(bp) else bp + n)
+    return list(dict.fromkeys(out))
+
+
+def _resolve_dir(path) -> str:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py"])
+
+
+def _config_without_mxfp4(path: str, hf_kwargs: dict):
+    """The config of an MXFP4 checkpoint (gpt-oss) without its quantization_config, else None.
+
+    Its experts are dequantized expert by expert by the streaming loader; everything else in
+    such a checkpoint is plain bf16, so transformers must not set up its own MXFP4 quantizer."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=hf_kwargs.get("trust_remote_code", False))
+    qc = getattr(config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if str(getattr(method, "value", method)) != "mxfp4":
+        return None
+    del config.quantization_config
+    return config
+
+
+def _transformers_kwargs(pretrained_model_name_or_path, dtype, hf_kwargs: dict) -> tuple[str, dict]:
+    """Config handling: the local checkpoint directory and the keyword arguments of transformers'
+    ``from_pretrained`` (``dtype``; an MXFP4 checkpoint's config without its quantization_config)."""
+    hf_kwargs = dict(hf_kwargs)
+    if dtype is not None:
+        hf_kwargs["dtype"] = dtype
+    if hf_kwargs.get("quantization_config") is not None:
+        raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
+    path = _resolve_dir(pretrained_model_name_or_path)
+    if "config" not in hf_kwargs:
+        config = _config_without_mxfp4(path, hf_kwargs)
+        if config is not None:
+            hf_kwargs["config"] = config
+    return path, hf_kwargs
+
+
+class _EmptyExpertsSwap:
+    """The before/after hooks of from_pretrained's transformers load.
+
+    ``before(model)``, on the model built on the meta device: every supported experts block becomes
+    an empty :class:`KTMoEExperts` (``entries``: block, E, H, I, adapter), so transformers never
+    materializes a dense expert; unsupported ones are refused (``strict``) or listed in ``refused``.
+    ``after(model, info)``: the checkpoint's dense expert keys, skipped on purpose, are not
+    reported as unexpected."""
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.entries: list = []
+        self.refused: list[RefusedBlock] = []
+
+    def before(self, model) -> None:
+        if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+            raise ValueError(
+                f"{type(model).__name__}: quantized checkpoints (config.quantization_config) are not supported; "
+                "dequantize the checkpoint to bf16 first"
+            )
+        blocks, refused = find_experts_blocks(model)
+        if refused and self.strict:
+            raise refusal_error(model, refused)
+        if not blocks and not refused:
+            raise ValueError(f"{type(model).__name__}: no Mixture-of-Experts experts block found")
+        entries = []
+        for b in blocks:
+            E, H, I = experts_dims(b.module)
+            adapter = adapter_for(b, None)
+            set_submodule(model, b.name, adapter)
+            entries.append((b, E, H, I, adapter))
+            b.module = None
+        self.entries, self.refused = entries, refused
+
+    def after(self, model, info) -> None:
+        unexpected = getattr(info, "unexpected_keys", None)
+        if not unexpected:
+            return
+        prefixes = set()
+        for b, *_ in self.entries:
+            prefixes.update(p + "." for p in candidate_prefixes(b.name, model.base_model_prefix))
+        for k in list(unexpected):
+            if any(k.startswith(p) for p in prefixes):
+                unexpected.discard(k)
+
+
+def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool):
+    """transformers' own ``from_pretrained`` with the experts blocks swapped for empty adapters
+    before any weight loads; returns (model, the swap with its entries)."""
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        model_class = AutoModelForCausalLM
+    swap = _EmptyExpertsSwap(strict)
+    with before_and_after_weight_loading(swap.before, swap.after) as fired:
+        model = model_class.from_pretrained(path, **hf_kwargs)
+    if not fired:
+        raise RuntimeError(
+            "torch_ktmoe.hf.from_pretrained: transformers did not call PreTrainedModel._load_pretrained_model; "
+            "this transformers version is not supported by the streaming loader (use patch_model)"
+        )
+    return model, swap
+
+
+def _stream_experts(model, path: str, entries, weight_format: str, mmap_experts_dir, ktmoe_kwargs: dict,
+                    report: PatchReport, progress: bool) -> None:
+    """Per experts block, a KTMoE that maps its valid cache files or is filled expert by expert from the
+    safetensors shards (in the model's dtype if fp32/bf16, else fp32)."""
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
+    source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
+    if progress:
+        from tqdm.auto import tqdm
+
+        entries = tqdm(entries, desc="ktmoe: streaming experts", unit="layer")
+    with SafetensorsCheckpoint(path) as ckpt:
+        for b, E, H, I, adapter in entries:
+            reader = find_experts(ckpt, candidate_prefixes(b.name, model.base_model_prefix), H, I, num_experts=E,
+                                  layout=adapter.layout, what=f"{b.name} ({b.class_name})")
+            ktm = load_experts(E, adapter.top_k, H, I, reader.experts(range(E)), source=source, key=b.name,
+                               dtype=stream_dtype, mmap_experts_dir=mmap_experts_dir, weight_format=weight_format,
+                               layer_idx=b.layer_idx, **{**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
+            adapter.ktmoe = ktm
+            account(report, b, ktm, 0)
+
+
+def from_pretrained(
+    pretrained_model_name_or_path,
+    *,
+    mmap_experts_dir: str | os.PathLike | None = None,
+    weight_format: str | None = None,
+    dtype=None,
+    torch_dtype=None,
+    model_class=None,
+    strict: bool = True,
+    progress: bool = True,
+    ktmoe_kwargs: dict | None = None,
+    cache: str | None = None,
+    **hf_kwargs,
+):
+    """Load a transformers MoE model with its experts packed into KTMoE, streaming them from safetensors.
+
+    ``dtype`` (or its old name ``torch_dtype``) is the dtype of the non-expert weights
+    and of the expert tensors handed to KTMoE (fp32 or bf16; anything else -> fp32), as
+    with transformers' ``from_pretrained``. ``model_class`` defaults to
+    ``AutoModelForCausalLM``; other keyword arguments go to its ``from_pretrained``.
+    Equivalent to ``patch_model(model_class.from_pretrained(path, dtype=dtype), ...)``
+    without ever holding the dense experts. Returns the model; ``model.ktmoe_report``
+    is the :class:`PatchReport`.
+
+    ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
+    the cache fingerprint of a layer is the checkpoint files' names, sizes and mtimes
+    plus the module name and dtype; a layer with valid cache files is mapped and its
+    experts are not even read from the safetensors.
+
+    A packed model directory (written by :func:`save_packed`, it holds ``ktmoe_packed.json``)
+    loads without its source checkpoint: every experts layer is mapped read-only from the
+    directory's files, never packed; its format, group size and NUMA parts come from the
+    manifest, so ``weight_format``, ``mmap_experts_dir`` and ``cache`` must not be given.
+    """
+    path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
+                                           hf_kwargs)
+    packed = packed_dir.packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir,
+                                          cache=cache)
+    ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    if cache is not None:
+        ktmoe_kwargs["cache"] = cache
+    model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
+    report = PatchReport(refused=list(swap.refused))
+    if packed is not None:
+        packed_dir.map_packed_layers(path, packed["manifest"], packed["by_module"], swap.entries, ktmoe_kwargs, report)
+        model.ktmoe_report = report
+        mark_config(model)
+        return model
+    _stream_experts(model, path, swap.entries, weight_format or "bf16", mmap_experts_dir, ktmoe_kwargs, report,
+                    progress)
+    if not report.refused:
+        mark_config(model)
+    release_free_heap()  # the dense staging buffers of the stream, back to the OS
+    model.ktmoe_report = report
+    return model
