@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <stdexcept>
+#include <tuple>
 
 #include "arena/cache_inspect.h"
 #include "arena/read_ahead.h"
@@ -178,8 +179,12 @@ PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_
   return key;
 }
 
-std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
-                              bool verify_data, at::Tensor* w13, at::Tensor* w2) {
+// "" and (w13, w2) viewing the arena's valid cache file, or why it is not usable.
+// Always checks every expert's packed header against the key (a forged field is
+// "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
+// data checksums (reads every byte).
+static std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                                     bool verify_data, at::Tensor* w13, at::Tensor* w2) {
   const CacheLoadChecks checks = load_checks(key);
   std::vector<void*> data;
   std::string reason = arena->open_cached(checks.expect, checks.check_key, checks.check_content, verify_data,
@@ -190,7 +195,8 @@ std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const
   return "";
 }
 
-std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+// Commits a build whose w13/w2 were packed into the arena; "" or the error.
+static std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
                                 const at::Tensor& w13, const at::Tensor& w2) {
   const at::Tensor* t[2] = {&w13, &w2};
   const int64_t cols[2] = {key.w13_bytes, key.w2_bytes};
@@ -202,6 +208,21 @@ std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, con
   std::string error;
   arena->commit_build(key.arena_key(), {w13.data_ptr(), w2.data_ptr()}, aten_parallel_for, &error);
   return error;
+}
+
+PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                                             const CacheRequest& request, bool verify_data, const PackExperts& pack,
+                                             const CacheLog& log) {
+  PackedCacheResult out;
+  const CacheLoad load = [&] { return load_packed_cache(arena, key, verify_data, &out.w13, &out.w2); };
+  CacheBuild build;
+  if (pack)
+    build = [&](bool keep) -> std::string {
+      std::tie(out.w13, out.w2) = pack();
+      return keep ? commit_packed_cache(arena, key, out.w13, out.w2) : "";
+    };
+  out.outcome = load_or_build_cache(*arena, request, load, build, log);
+  return out;
 }
 
 PackedCacheInspection inspect_packed_cache_file(const std::string& path, bool verify_data) {
