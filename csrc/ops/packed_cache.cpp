@@ -72,18 +72,22 @@ std::string check_expert_headers(const PackedCacheKey& key, const std::vector<vo
       packed_matrix_header(format, MatrixRole::kGateUp, 2 * part_inter, key.hidden, key.group_size),
       packed_matrix_header(format, MatrixRole::kDown, key.hidden, part_inter, key.group_size)};
   const int64_t row_bytes[2] = {key.w13_bytes, key.w2_bytes};
-  // One page per header, each a disk read when the file is cold: queue them all first (asynchronous),
-  // so the checks below wait for reads in flight together, not one page fault after another.
-  for (int t = 0; t < 2; ++t)
-    for (int64_t e = 0; e < key.experts; ++e)
-      read_ahead(static_cast<const uint8_t*>(tensors[t]) + e * row_bytes[t], sizeof(PackedMatrixHeader));
+  // One page per header, each a disk read when the file is cold: a window of them is queued first
+  // (asynchronous), so the checks wait for reads in flight together, not one page fault after
+  // another. Window by window, so the work stops at the first bad header: a forged count of
+  // experts costs what the file holds, not what its header claims.
+  constexpr int64_t kWindow = 256;
   for (int t = 0; t < 2; ++t) {
-    for (int64_t e = 0; e < key.experts; ++e) {
-      const auto* h = reinterpret_cast<const PackedMatrixHeader*>(static_cast<const uint8_t*>(tensors[t]) +
-                                                                  e * row_bytes[t]);
-      if (std::string bad = compare_packed_header(*h, want[t]); !bad.empty())
-        return std::string("corrupt: ") + (t == 0 ? "w13" : "w2") + " expert " + std::to_string(e) +
-               " header: " + bad;
+    const auto* base = static_cast<const uint8_t*>(tensors[t]);
+    for (int64_t lo = 0; lo < key.experts; lo += kWindow) {
+      const int64_t hi = std::min(key.experts, lo + kWindow);
+      for (int64_t e = lo; e < hi; ++e) read_ahead(base + e * row_bytes[t], sizeof(PackedMatrixHeader));
+      for (int64_t e = lo; e < hi; ++e) {
+        const auto* h = reinterpret_cast<const PackedMatrixHeader*>(base + e * row_bytes[t]);
+        if (std::string bad = compare_packed_header(*h, want[t]); !bad.empty())
+          return std::string("corrupt: ") + (t == 0 ? "w13" : "w2") + " expert " + std::to_string(e) +
+                 " header: " + bad;
+      }
     }
   }
   return "";
