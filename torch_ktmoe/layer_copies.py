@@ -17,7 +17,7 @@ def deepcopy_layer(layer, memo):
     the rest is copied."""
     new = layer.__class__.__new__(layer.__class__)
     memo[id(layer)] = new
-    shared = [layer.arenas, *layer.arenas, layer.read_ahead, *(t for pair in layer.packed_tensors() for t in pair)]
+    shared = [*layer.arenas, layer.read_ahead, *(t for pair in layer.packed_tensors() for t in pair)]
     for obj in shared:
         memo[id(obj)] = obj
     new.__dict__.update(copy.deepcopy(layer.__dict__, memo))
