@@ -1,4 +1,4 @@
-// Binds WeightArena (memory, residency, statistics) and the process-wide arena
+// [NOTE] Binds WeightArena (memory, residency, statistics) and the process-wide arena
 // statistics. The cache methods are bind_cache.cpp's.
 #include "ops/arena_tensor.h"
 #include "python_bindings.h"

@@ -1,4 +1,4 @@
-// Binds the persistent cache: PackedCacheKey, the arena names, temp-file
+// [NOTE] Binds the persistent cache: PackedCacheKey, the arena names, temp-file
 // listing, WeightArena.load_or_build (the whole protocol in one call, see
 // arena/cache_protocol.h), and inspection of kept files.
 #include "arena/cache_file.h"

@@ -1,4 +1,4 @@
-// Binds ISA selection and the NUMA node count.
+// [NOTE] Binds ISA selection and the NUMA node count.
 #include "arena/numa_first_touch.h"
 #include "ops/isa_dispatch.h"
 #include "python_bindings.h"

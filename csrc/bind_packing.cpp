@@ -1,4 +1,4 @@
-// Binds the packed sizes a caller allocates before pack_experts_out.
+// [NOTE] Binds the packed sizes a caller allocates before pack_experts_out.
 #include "ops/ops.h"
 #include "python_bindings.h"
 

@@ -1,4 +1,4 @@
-// The Python module torch_ktmoe._C is bound topic by topic (python_module.cpp
+// [NOTE] The Python module torch_ktmoe._C is bound topic by topic (python_module.cpp
 // calls each): one short function per topic, each in its own bind_*.cpp file.
 #pragma once
 #include <torch/extension.h>
