@@ -3,9 +3,10 @@
     ktm = load_experts(E, top_k, H, I, reader.experts(ids), source=checkpoint_fingerprint(path, salt),
                        key=block_name, mmap_experts_dir=DIR, weight_format="int4", layer_idx=L)
 
-``source`` names the checkpoint (``torch_ktmoe.cache.checkpoint_fingerprint``: its files' names,
-sizes and mtimes plus the host's salt) and ``key`` the block within it; together they are the
-fingerprint the cache files are checked against, so a hit reads nothing from the checkpoint.
+``source`` names the checkpoint (:func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`: its files'
+names, sizes, mtimes, safetensors headers and content samples, plus the host's salt) and ``key`` the
+block within it; together they are the fingerprint the cache files are checked against, so a hit
+reads nothing from the checkpoint.
 """
 from __future__ import annotations
 
