@@ -127,3 +127,21 @@ def test_undecodable_file_names_are_hashed(tmp_path):
         f.write(b"{}")
     assert checkpoint_fingerprint(src) != base
     assert checkpoint_fingerprint(os.fsdecode(os.fsencode(src))) == checkpoint_fingerprint(src)
+
+
+def test_settled_files_are_hashed_once_per_stat(tmp_path, monkeypatch):
+    from torch_ktmoe.checkpoint import fingerprint
+
+    src = tmp_path / "ckpt"
+    _write(src, seed=1)
+    hashed = []
+    real_hash_file = fingerprint._hash_file
+    monkeypatch.setattr(fingerprint, "_hash_file", lambda h, file, name: (hashed.append(name),
+                                                                          real_hash_file(h, file, name)))
+    first = checkpoint_fingerprint(src)
+    assert checkpoint_fingerprint(src) == first and len(hashed) == 4  # just written: not kept, hashed again
+    monkeypatch.setattr(fingerprint.time, "time_ns", lambda: os.stat(src / "config.json").st_ctime_ns + 10**10)
+    assert checkpoint_fingerprint(src, "a") != checkpoint_fingerprint(src, "b")
+    assert len(hashed) == 6  # settled: hashed once, then kept
+    _swap_keeping_stat(src, seed=2)  # a new ctime
+    assert checkpoint_fingerprint(src) != first and len(hashed) == 8

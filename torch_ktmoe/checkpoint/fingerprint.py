@@ -15,30 +15,55 @@ instruct) differs in nearly every block, and most of a MoE shard's bytes are exp
 a change confined to bytes it does not read, with the names, sizes and mtimes put back, is not seen
 (``cache="rebuild"`` packs again whatever the fingerprint says). Its cost is bounded per file, not
 by the checkpoint's size: the header plus 64 reads of 4 KiB.
+
+A process keeps the files' digest while their ``stat`` (device, inode, size, mtime, ctime) is
+unchanged, so a host that asks once per layer reads them once: any write to a file, and ``os.utime``
+itself, sets its ctime to the current time. Only files whose ctime is older than the hashing by
+:data:`SETTLED_NS` are kept (as git treats "racy" index entries), so a change within one tick of the
+file system's timestamps is not mistaken for no change.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import stat
+import time
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".json")
 SAMPLES = 64
 SAMPLE_BYTES = 4096
 WHOLE_FILE_BYTES = SAMPLES * SAMPLE_BYTES
 MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own bound on its JSON header
+SETTLED_NS = 2_000_000_000  # coarser than any file system's ctime (FAT: 2 s)
+_MEMO_SIZE = 16
+_memo: dict[tuple, bytes] = {}  # (path, the files' stat) -> digest of the files
 
 
 def checkpoint_fingerprint(path, extra: str = "") -> str:
     """``blake2b`` of a checkpoint directory's files (names, sizes, mtimes, safetensors headers, content
     samples; see the module docstring) plus ``extra``."""
     path = os.fspath(path)
-    h = hashlib.blake2b(digest_size=20)
-    for name in sorted(os.listdir(path)):
-        if name.endswith(CHECKPOINT_SUFFIXES):
+    names = sorted(n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES))
+    stats = [os.stat(os.path.join(path, n)) for n in names]
+    key = (os.path.abspath(path), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
+    digest = _memo.get(key)
+    if digest is None:
+        started = time.time_ns()
+        h = hashlib.blake2b(digest_size=20)
+        for name in names:
             _hash_file(h, os.path.join(path, name), name)
+        digest = h.digest()
+        if all(st.st_ctime_ns < started - SETTLED_NS for st in stats):
+            if len(_memo) >= _MEMO_SIZE:
+                _memo.pop(next(iter(_memo)))
+            _memo[key] = digest
+    h = hashlib.blake2b(digest, digest_size=20)
     h.update(b"|extra:" + extra.encode("utf-8", "surrogateescape"))
     return "checkpoint:content:blake2b:" + h.hexdigest()
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _hash_file(h, file: str, name: str) -> None:
