@@ -261,3 +261,17 @@ def test_zero_experts_per_token(tmp_path):
     x, ids, w = _routing(5)
     out = wr.forward(x, ids[:, :0], w[:, :0])  # no expert routed: nothing to add to the GPU's output
     assert out.shape == x.shape and out.dtype == x.dtype and not out.any()
+
+
+def test_non_utf8_paths_are_refused_at_construction_naming_them(tmp_path, monkeypatch):
+    gate_up, down = _experts()
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/ckpt\xff")
+    _write(bad, "qwen", gate_up, down)
+    with pytest.raises(ValueError, match=r"weight_path \(--kt-weight-path\) b'.*/ckpt\\xff' is not a valid UTF-8"):
+        _wrapper(bad)
+    good = _write(tmp_path / "ckpt", "qwen", gate_up, down)
+    with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/experts\\xff' is not a valid UTF-8"):
+        _wrapper(good, mmap_experts_dir=os.fsdecode(os.fsencode(tmp_path) + b"/experts\xff"))
+    monkeypatch.setenv(MMAP_DIR_ENV, os.fsdecode(os.fsencode(tmp_path) + b"/env\xff"))
+    with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/env\\xff' is not a valid UTF-8"):
+        _wrapper(good)

@@ -14,12 +14,12 @@ from .dense import PER_EXPERT_LAYOUTS, FusedExperts, PerExpertTensors
 from .experts import READERS, find_experts
 from .fingerprint import checkpoint_fingerprint
 from .fused_layout import CONCATENATED, FusedLayout
-from .load import as_kernel_input, load_experts, make_ktmoe
+from .load import as_kernel_input, load_experts, make_ktmoe, utf8_path
 from .mxfp4 import Mxfp4Experts, dequantize_mxfp4, quantize_mxfp4
 from .safetensors_dir import SafetensorsCheckpoint
 
 __all__ = [
     "SafetensorsCheckpoint", "FusedLayout", "CONCATENATED", "PER_EXPERT_LAYOUTS", "FusedExperts", "PerExpertTensors",
     "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "READERS", "find_experts", "checkpoint_fingerprint",
-    "make_ktmoe", "as_kernel_input", "load_experts",
+    "make_ktmoe", "as_kernel_input", "load_experts", "utf8_path",
 ]

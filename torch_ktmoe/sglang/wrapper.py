@@ -30,7 +30,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..checkpoint import SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe
+from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe,
+                          utf8_path)
 from ..layer import KTMoE
 from .checkpoint import check_weight_path, layer_experts
 
@@ -124,10 +125,11 @@ class KTMoEWrapper:
         table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
         table[self.cpu_physical] = torch.arange(self.num_cpu_experts, dtype=torch.int32)
         self._id_table = table
-        self.weight_path = weight_path
         check_weight_path(weight_path)
+        self.weight_path = utf8_path(weight_path, "KTMoEWrapper: weight_path (--kt-weight-path)")
         mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV)
-        self.mmap_experts_dir = os.fspath(mmap_dir) if mmap_dir else None  # "": anonymous, whatever the env says
+        # "": anonymous, whatever the env says
+        self.mmap_experts_dir = utf8_path(mmap_dir, "KTMoEWrapper: mmap_experts_dir") if mmap_dir else None
         self.moe: Optional[KTMoE] = None
         self._pending: Optional[Future] = None
         log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
