@@ -8,7 +8,12 @@ import torch
 pytest.importorskip("safetensors")
 from safetensors.torch import save_file  # noqa: E402
 
-from torch_ktmoe.checkpoint import SafetensorsCheckpoint, checkpoint_fingerprint, find_experts, load_experts  # noqa: E402
+from torch_ktmoe.checkpoint import (  # noqa: E402
+    SafetensorsCheckpoint,
+    checkpoint_fingerprint,
+    find_experts,
+    load_experts,
+)
 from torch_ktmoe.checkpoint.fingerprint import SAMPLE_BYTES, SAMPLES, WHOLE_FILE_BYTES, sample_ranges  # noqa: E402
 from tests.helpers import random_experts, random_routing  # noqa: E402
 

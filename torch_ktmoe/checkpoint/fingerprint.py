@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 import time
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".json")
@@ -37,6 +38,7 @@ MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own bound on its JSON h
 SETTLED_NS = 2_000_000_000  # coarser than any file system's ctime (FAT: 2 s)
 _MEMO_SIZE = 16
 _memo: dict[tuple, bytes] = {}  # (path, the files' stat) -> digest of the files
+_memo_lock = threading.Lock()  # hosts may load layers from several threads
 
 
 def checkpoint_fingerprint(path, extra: str = "") -> str:
@@ -46,7 +48,8 @@ def checkpoint_fingerprint(path, extra: str = "") -> str:
     names = sorted(n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES))
     stats = [os.stat(os.path.join(path, n)) for n in names]
     key = (os.path.abspath(path), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
-    digest = _memo.get(key)
+    with _memo_lock:
+        digest = _memo.get(key)
     if digest is None:
         started = time.time_ns()
         h = hashlib.blake2b(digest_size=20)
@@ -54,9 +57,10 @@ def checkpoint_fingerprint(path, extra: str = "") -> str:
             _hash_file(h, os.path.join(path, name), name)
         digest = h.digest()
         if all(st.st_ctime_ns < started - SETTLED_NS for st in stats):
-            if len(_memo) >= _MEMO_SIZE:
-                _memo.pop(next(iter(_memo)))
-            _memo[key] = digest
+            with _memo_lock:
+                if len(_memo) >= _MEMO_SIZE:
+                    _memo.pop(next(iter(_memo)))
+                _memo[key] = digest
     h = hashlib.blake2b(digest, digest_size=20)
     h.update(b"|extra:" + extra.encode("utf-8", "surrogateescape"))
     return "checkpoint:content:blake2b:" + h.hexdigest()
