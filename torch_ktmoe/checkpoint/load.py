@@ -3,9 +3,10 @@
     ktm = load_experts(E, top_k, H, I, reader.experts(ids), source=checkpoint_fingerprint(path, salt),
                        key=block_name, mmap_experts_dir=DIR, weight_format="int4", layer_idx=L)
 
-``source`` names the checkpoint (``torch_ktmoe.cache.checkpoint_fingerprint``: its files' names,
-sizes and mtimes plus the host's salt) and ``key`` the block within it; together they are the
-fingerprint the cache files are checked against, so a hit reads nothing from the checkpoint.
+``source`` names the checkpoint (:func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`: its files'
+names, sizes, mtimes, safetensors headers and content samples, plus the host's salt) and ``key`` the
+block within it; together they are the fingerprint the cache files are checked against, so a hit
+reads nothing from the checkpoint.
 """
 from __future__ import annotations
 
@@ -20,11 +21,25 @@ from ..layer import KTMoE
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)  # packed as they are; anything else goes through fp32
 
 
+def utf8_path(path, what: str) -> str:
+    """``path`` (str, bytes or os.PathLike) as a str; ValueError naming ``what`` and the path's bytes when
+    it is not valid UTF-8 (e.g. ``os.fsdecode(b"/x\\xff")``): the arena's C++ side and safetensors take
+    UTF-8 paths only."""
+    raw = os.fsencode(path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {raw!r} is not a valid UTF-8 path (byte {raw[e.start]:#04x} at {e.start}); "
+                         "torch_ktmoe's file-backed arena and safetensors take UTF-8 paths only: use a directory "
+                         "whose path is UTF-8") from None
+
+
 def make_ktmoe(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                mmap_experts_dir=None, **ktmoe_kwargs) -> KTMoE:
-    """An empty KTMoE; ``mmap_experts_dir`` is created if missing (KTMoE itself would fall back to anonymous memory)."""
+    """An empty KTMoE; ``mmap_experts_dir`` is created if missing (KTMoE itself would fall back to anonymous
+    memory) and must be a UTF-8 path (:func:`utf8_path`)."""
     if mmap_experts_dir is not None:
-        mmap_experts_dir = os.fspath(mmap_experts_dir)
+        mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir")
     if mmap_experts_dir:
         os.makedirs(mmap_experts_dir, exist_ok=True)
     return KTMoE(num_experts, top_k, hidden_size, intermediate_size, mmap_experts_dir=mmap_experts_dir,
