@@ -16,22 +16,10 @@ from typing import Iterable, Optional
 import torch
 
 from ..cache import layer_fingerprint
+from ..paths import utf8_path
 from ..layer import KTMoE
 
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)  # packed as they are; anything else goes through fp32
-
-
-def utf8_path(path, what: str) -> str:
-    """``path`` (str, bytes or os.PathLike) as a str; ValueError naming ``what`` and the path's bytes when
-    it is not valid UTF-8 (e.g. ``os.fsdecode(b"/x\\xff")``): the arena's C++ side and safetensors take
-    UTF-8 paths only."""
-    raw = os.fsencode(path)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {raw!r} is not a valid UTF-8 path (byte {raw[e.start]:#04x} at {e.start}); "
-                         "torch_ktmoe's file-backed arena and safetensors take UTF-8 paths only: use a directory "
-                         "whose path is UTF-8") from None
 
 
 def make_ktmoe(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
