@@ -17,6 +17,10 @@ Entry points:
     A packed model directory: config, non-expert safetensors and the packed experts as
     cache files, loaded without the source checkpoint (:mod:`.packed_dir`).
 
+``compile_decode(model, *, max_cache_len=1024, backend="inductor") -> CompiledDecode``
+    Makes ``model.generate`` prefill eagerly and run each decode step compiled on the CPU with
+    ``fullgraph=True`` over a static KV cache: one graph for every token and prompt (:mod:`.compiled`).
+
 experts implementation ``"ktmoe"``
     Importing this package registers ``"ktmoe"`` in transformers' ``ExpertsInterface``, so
     ``model.set_experts_implementation("ktmoe")`` and
@@ -39,6 +43,7 @@ warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
 ``model.get_experts_implementation()`` tells the truth; switching it afterwards changes nothing).
 """
 
+from .compiled import CompiledDecode, CompileDecodeError, compile_decode
 from .experts import (
     SUPPORTED_EXPERTS_CLASSES,
     KTMoEExperts,
@@ -62,6 +67,9 @@ from .streaming import from_pretrained
 __all__ = [
     "patch_model",
     "from_pretrained",
+    "compile_decode",
+    "CompiledDecode",
+    "CompileDecodeError",
     "save_packed",
     "find_experts_blocks",
     "PatchReport",
