@@ -117,18 +117,31 @@ def test_load_failure_is_one_line_and_removes_the_directory_it_made(checkpoint, 
 
 
 @pytest.fixture
-def small_ext4(tmp_path):
-    """An 8 MiB ext4 file system (6.3 MiB free): the tiny checkpoint's two cache files need 8 MiB."""
-    if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
-        pytest.skip("needs root and mkfs.ext4 to make a small file system")
-    img, mnt = tmp_path / "fs.img", tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
-    mnt.mkdir()
-    made = subprocess.run(f"truncate -s 8M {img} && mkfs.ext4 -q -m 0 {img} && mount -o loop {img} {mnt}",
-                          shell=True, capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a loop file system here: {made.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
+def ext4(tmp_path):
+    """``ext4(mib)``: a small ext4 file system mounted for the test (skips where one cannot be made)."""
+    mounted = []
+
+    def make(mib: int):
+        if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+            pytest.skip("needs root and mkfs.ext4 to make a small file system")
+        img, mnt = tmp_path / f"fs{mib}.img", tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
+        mnt.mkdir()
+        made = subprocess.run(f"truncate -s {mib}M {img} && mkfs.ext4 -q -m 0 {img} && mount -o loop {img} {mnt}",
+                              shell=True, capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a loop file system here: {made.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_ext4(ext4):
+    """8 MiB (6.3 MiB free): the tiny checkpoint's two bf16 cache files need 8 MiB."""
+    return ext4(8)
 
 
 def test_full_disk_refused_up_front(checkpoint, small_ext4, capsys, no_load):
@@ -143,6 +156,13 @@ def test_disk_filling_up_names_enospc(checkpoint, small_ext4, capsys, monkeypatc
     assert rc == 1 and "kept 1 of 2 cache files" in out, (out, err)
     assert "pack: layer0001.part0 was not kept: " in err and "No space left on device" in err, err
     assert "is not in the file" not in err
+
+
+def test_repack_counts_the_space_of_the_files_it_replaces(checkpoint, ext4, capsys):
+    fs = ext4(16)  # 14 MiB free: the first pack leaves ~6 MiB, the second replaces its files one by one
+    assert pack(capsys, checkpoint, fs / "out")[0] == 0
+    rc, out, err = pack(capsys, checkpoint, fs / "out")
+    assert rc == 0 and "kept 2 of 2" in out, (out, err)
 
 
 def test_subprocess_exit_code_and_no_traceback(tmp_path):

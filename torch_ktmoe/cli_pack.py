@@ -118,8 +118,21 @@ def check(checkpoint: str, directory: str, weight_format: str, group_size: int) 
         raise PackRefused(f"cannot keep packed experts in {directory!r}: {problem}")
 
 
+def _replaced_bytes(directory: str) -> int:
+    """Disk space the cache files already in ``directory`` give back as pack replaces them one by one
+    (all but the largest: a file is replaced only once its successor is written)."""
+    from .cache import CACHE_SUFFIX
+
+    if not os.path.isdir(directory):
+        return 0
+    sizes = [os.lstat(os.path.join(directory, n)).st_blocks * 512 for n in os.listdir(directory)
+             if n.endswith(CACHE_SUFFIX)]
+    return sum(sizes) - max(sizes, default=0)
+
+
 def check_space(checkpoint: str, directory: str, weight_format: str) -> None:
-    need, free = least_packed_bytes(checkpoint, weight_format), free_bytes(_existing_parent(directory))
+    need = least_packed_bytes(checkpoint, weight_format)
+    free = free_bytes(_existing_parent(directory)) + _replaced_bytes(directory)
     if need > free:
         raise PackRefused(f"{directory!r} has {free / 2**20:.1f} MiB free; the {weight_format} cache files of "
                           f"{checkpoint!r} need at least {need / 2**20:.1f} MiB")
