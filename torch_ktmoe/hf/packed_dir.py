@@ -49,7 +49,6 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 import uuid
 import warnings
 
@@ -79,6 +78,7 @@ READ_ONLY_POLICY = "reuse"
 __all__ = ["MANIFEST", "PackedDirError", "is_packed_dir", "read_manifest", "save_packed", "packed_dir_layers",
            "map_packed_layers"]
 
+
 def _file_names(ktm) -> list[str]:
     return layer_file_names(ktm.layer_idx, ktm.numa_parts)
 
@@ -103,21 +103,13 @@ def _is_valid_cache(ktm) -> bool:
 def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
     """Puts ``ktm``'s packed experts as cache files in ``experts_dir``; returns their fingerprint."""
     if _is_valid_cache(ktm):
-        # Copies go to a private folder first (not <name>.ktmoe.tmp.<pid>: that is the cache's build-temp
-        # pattern, deleted as stale by a process holding the layer lock) and are checked there again (the
-        # source may have been replaced since): inspect_cache_file wants the cache's own file name.
-        staging = tempfile.mkdtemp(prefix=f".save_packed.copy.{os.getpid()}.", dir=experts_dir)
-        try:
-            for name in _file_names(ktm):
-                tmp = os.path.join(staging, name)
-                shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), tmp)
-                info = _C.inspect_cache_file(tmp, False)
-                if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
-                    raise PackedDirError(f"save_packed: {where}: the copy of {name} from {ktm.mmap_experts_dir} "
-                                         f"is not the layer's cache file ({info['reason'] or 'another fingerprint'})")
-                os.replace(tmp, os.path.join(experts_dir, name))
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        for name in _file_names(ktm):  # checked again as copied (the source may have been replaced since)
+            copy = os.path.join(experts_dir, name)
+            shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), copy)
+            info = _C.inspect_cache_file(copy, False)
+            if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
+                raise PackedDirError(f"save_packed: {where}: the copy of {name} from {ktm.mmap_experts_dir} "
+                                     f"is not the layer's cache file ({info['reason'] or 'another fingerprint'})")
         return ktm.cache_fingerprint
     fingerprint = f"torch_ktmoe.save_packed:{uuid.uuid4().hex}"
     gate_up, down = dense_experts(ktm) if ktm.weight_format == "bf16" else _quiet_dense(ktm)
@@ -246,7 +238,7 @@ def _exchange(a: str, b: str) -> bool:
 
 
 def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
-    """The KTMoE of one manifest entry, mapped read-only from the files in ``experts_dir`` (raises if any is invalid)."""
+    """The KTMoE of one manifest entry, mapped read-only from its files in ``experts_dir`` (raises if one is invalid)."""
     for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
         if key in ktmoe_kwargs:
             raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
