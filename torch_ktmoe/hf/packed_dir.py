@@ -238,7 +238,7 @@ def _exchange(a: str, b: str) -> bool:
 
 
 def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
-    """The KTMoE of one manifest entry, mapped read-only from its files in ``experts_dir`` (raises if one is invalid)."""
+    """The KTMoE of one manifest entry, mapped read-only from its files in ``experts_dir`` (raises if one is bad)."""
     for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
         if key in ktmoe_kwargs:
             raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
