@@ -73,7 +73,7 @@ from .packed_manifest import (
 )
 from .patch import account
 
-READ_ONLY_POLICY = "reuse"
+READ_ONLY_POLICY = "map"  # only reads: no lock file, no cleanup, nothing created or deleted
 
 __all__ = ["MANIFEST", "PackedDirError", "is_packed_dir", "read_manifest", "save_packed", "packed_dir_layers",
            "map_packed_layers"]
