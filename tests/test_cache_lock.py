@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts, random_routing
 from torch_ktmoe import KTMoE, cache
 from torch_ktmoe.arena import CacheLockWarning
 

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.conftest import random_experts, random_routing
+from tests.helpers import random_experts, random_routing
 from torch_ktmoe import KTMoE
 
 E, H, I, K = 4, 64, 96, 2

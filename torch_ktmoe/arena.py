@@ -1,11 +1,11 @@
 """WeightArena: where packed expert weights live (anonymous or MAP_SHARED file)."""
 import logging
-import os
 import warnings
 
 import torch
 
 from ._native import _C
+from .paths import utf8_path
 
 log = logging.getLogger("torch_ktmoe.cache")
 
@@ -44,8 +44,8 @@ class WeightArena(_C.WeightArena):
 
     def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1,
                  persistent: bool = False, trust_others: bool = False, map_only: bool = False):
-        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent,
-                         trust_others, map_only)
+        super().__init__(utf8_path(dir, "WeightArena: dir") if dir is not None else "", name, hugepage, numa_node,
+                         persistent, trust_others, map_only)
 
     def load_or_build(self, key, policy: str, verify: str = "header", build=None, *, read_first_max_bytes: int = 0):
         """Validate-or-build this arena's kept file in one call; ``(w13, w2, hit, reason)``.

@@ -73,20 +73,6 @@ def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
     return "tensors:blake2b:" + h.hexdigest()
 
 
-def checkpoint_fingerprint(path: str, extra: str = "") -> str:
-    """``blake2b`` of a checkpoint directory's file names, sizes and mtimes (plus ``extra``).
-
-    Cheap (no weight is read); any rewritten shard changes it.
-    """
-    h = hashlib.blake2b(digest_size=20)
-    for name in sorted(os.listdir(path)):
-        if name.endswith((".safetensors", ".json")):
-            st = os.stat(os.path.join(path, name))
-            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    h.update(extra.encode())
-    return "checkpoint:blake2b:" + h.hexdigest()
-
-
 def layer_fingerprint(source: str, module_name: str) -> str:
     """``source|module_name``, hashed when longer than the header's 256 bytes."""
     fp = f"{source}|{module_name}"

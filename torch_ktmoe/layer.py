@@ -1,6 +1,5 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
 (its arenas: layer_arenas.py; the read-ahead decision: memory.py; copy and pickle: layer_copies.py)."""
-import os
 from typing import List, Optional, Union
 
 import torch
@@ -10,6 +9,7 @@ from . import cache as _cache
 from . import layer_copies, memory, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
+from .paths import utf8_path
 
 
 WARM_MODES = ("none", "blocking", "background")
@@ -121,7 +121,7 @@ class KTMoE(nn.Module):
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
         self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
-        self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
+        self.mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir") if mmap_experts_dir is not None else None
         if cache is not None:
             _cache.check_policy(cache)
         self.cache = "off" if self.mmap_experts_dir is None else (cache or "reuse")
@@ -155,8 +155,8 @@ class KTMoE(nn.Module):
                      down_bias: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
-        ``fingerprint`` names the source of the weights for the cache (e.g. the
-        checkpoint files' names, sizes and mtimes); by default, with a cache, it
+        ``fingerprint`` names the source of the weights for the cache (e.g.
+        :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
         is a hash of the tensors' bytes. A valid cache file skips packing.
         ``gate_up_bias`` / ``down_bias``: see :meth:`set_biases`.
         """
