@@ -33,59 +33,38 @@ def cmd_demo(args) -> int:
     return demo.main(args.demo_args)
 
 
-def _pack_problem(checkpoint: str, directory: str) -> str:
-    """Why `pack` cannot start ("" if it can): checked before anything is created or read."""
-    import re
-
-    from torch_ktmoe import _C
-
-    looks_like_repo_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", checkpoint) and not checkpoint.startswith(".")
-    if not os.path.exists(checkpoint) and not looks_like_repo_id:
-        return f"checkpoint directory {checkpoint!r} does not exist"
-    if os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
-        return f"checkpoint {checkpoint!r} is not a directory"
-    target = directory
-    while not os.path.isdir(target):  # the directory pack would create: judge where it would live
-        parent = os.path.dirname(os.path.abspath(target))
-        if parent == os.path.abspath(target):
-            break
-        target = parent
-    problem = _C.cache_dir_problem(target)
-    return f"cannot keep packed experts in {directory!r}: {problem}" if problem else ""
-
-
 def cmd_pack(args) -> int:
-    import time
+    from torch_ktmoe.cli_pack import pack
 
-    from torch_ktmoe import KTMoE, hf
-    from torch_ktmoe.cache import inspect_dir
+    return pack(args)
 
-    problem = _pack_problem(args.checkpoint, args.dir)
-    if problem:
-        print(f"pack: {problem}; nothing was packed", file=sys.stderr)
-        return 2
-    os.makedirs(args.dir, exist_ok=True)
-    t0 = time.perf_counter()
-    model = hf.from_pretrained(args.checkpoint, mmap_experts_dir=args.dir, weight_format=args.format,
-                               cache="rebuild", progress=not args.quiet,
-                               ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None)
-    r = model.ktmoe_report
-    events = [e for m in model.modules() if isinstance(m, KTMoE) for e in m.cache_events]
-    kept = {row["name"] for row in inspect_dir(args.dir) if row["valid"]}
-    not_kept = [e for e in events if e["name"] + ".ktmoe" not in kept]
-    kept_bytes = sum(os.path.getsize(os.path.join(args.dir, n)) for n in kept)
-    print(f"packed {r.num_layers} layers ({r.packed_bytes / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s; "
-          f"kept {len(events) - len(not_kept)} of {len(events)} cache files ({kept_bytes / 2**20:.1f} MiB) "
-          f"in {args.dir}")
-    for e in not_kept:
-        print(f"pack: {e['name']} was not kept: {e['reason']}", file=sys.stderr)
-    return 0 if events and not not_kept else 1
+
+def _inspected_dir(directory: str) -> str:
+    """The directory whose .ktmoe files ``inspect`` lists: a packed model directory's experts directory."""
+    from torch_ktmoe.hf.packed_manifest import experts_path, is_packed_dir, read_manifest
+
+    if not is_packed_dir(directory):
+        return directory
+    manifest = read_manifest(directory)
+    experts = experts_path(directory, manifest)
+    print(f"packed model directory: {len(manifest['layers'])} experts layers, their files in {experts}")
+    return experts
 
 
 def cmd_inspect(args) -> int:
     from torch_ktmoe.cache import inspect_dir, leftover_temp_files
+    from torch_ktmoe.hf.packed_manifest import PackedDirError
 
-    rows = inspect_dir(args.dir, verify=args.verify)
+    if not os.path.isdir(args.dir):
+        print(f"inspect: {args.dir!r} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        directory = _inspected_dir(args.dir)
+        rows = inspect_dir(directory, verify=args.verify)
+        leftovers = leftover_temp_files(directory)
+    except (OSError, PackedDirError) as e:
+        print(f"inspect: {e}", file=sys.stderr)
+        return 2
     print(f"{'file':<26} {'layer':>5} {'part':>4} {'format':<6} {'E x H x I':<16} {'range':<11} "
           f"{'w13':<15} {'w2':<15} {'MiB':>8} {'resident':>8}  status")
     for r in rows:
@@ -97,7 +76,7 @@ def cmd_inspect(args) -> int:
         print(f"{r['name']:<26} {str(r['layer']):>5} {str(r['part']):>4} {r.get('weight_format', '?'):<6} {shape:<16} "
               f"{rng:<11} {w13:<15} {w2:<15} {r['file_bytes'] / 2**20:8.1f} "
               f"{max(r['resident_bytes'], 0) / 2**20:8.1f}  {status}")
-    for name in leftover_temp_files(args.dir):
+    for name in leftovers:
         print(f"{name:<26} temporary build file (a build in progress, or left by a crashed process)")
     print(f"{len(rows)} files, {sum(r['valid'] for r in rows)} valid")
     return 0

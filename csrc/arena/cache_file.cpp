@@ -109,10 +109,10 @@ std::string read_cache_header(int fd, CacheHeader* h, int64_t* file_bytes) {
   return "";
 }
 
-int open_regular_file(const std::string& path, std::string* error) {
+int open_regular_file(const std::string& path, std::string* error, bool follow_symlink) {
   // O_NOFOLLOW: a planted symlink is refused (ELOOP); O_NONBLOCK: a FIFO does not
   // wait for a writer. Then only a regular file is accepted.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | (follow_symlink ? 0 : O_NOFOLLOW) | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) *error = "missing";
     else if (errno == ELOOP) *error = "not a regular file: '" + path + "' is a symlink (not followed)";

@@ -86,10 +86,10 @@ std::string stored_key(const CacheHeader& h);
 // Reads the header of an open file; "" or why not (short file -> "truncated").
 std::string read_cache_header(int fd, CacheHeader* h, int64_t* file_bytes);
 
-// Opens an existing file for reading without following a symlink and without
-// blocking (a FIFO), and requires a regular file: the fd, or -1 with *error
-// ("not a regular file: ..." / "missing" / "unreadable: ...").
-int open_regular_file(const std::string& path, std::string* error);
+// Opens an existing file for reading without following a symlink (unless
+// follow_symlink) and without blocking (a FIFO), and requires a regular file:
+// the fd, or -1 with *error ("not a regular file: ..." / "missing" / "unreadable: ...").
+int open_regular_file(const std::string& path, std::string* error, bool follow_symlink = false);
 
 // "" if a cache file (or its directory) with this stat may be trusted by this
 // process: owned by the effective user and not writable by others; else why

@@ -37,7 +37,9 @@
 // refuse_cache(reason), turns the arena into an unnamed-file arena: still
 // file-backed, nothing kept, every cache call answers with the reason.
 // options.map_only (the cache's read-only "map" policy) creates no file at
-// all, not even an unnamed one: it maps a kept file or nothing.
+// all, not even an unnamed one: it maps a kept file or nothing, and follows a
+// symlink to it (it writes nothing a link could redirect; a Hugging Face hub
+// snapshot's files are links into its blobs/, confined by the packed-directory loader).
 // Kept files are mapped MAP_PRIVATE, PROT_READ|PROT_WRITE: reads share the
 // clean page cache, a write into a tensor copies that page privately (it
 // becomes anonymous memory) and never reaches the file. Truncating the file

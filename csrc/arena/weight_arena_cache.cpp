@@ -110,7 +110,7 @@ std::string KtWeightArena::open_cached(const CacheKey& expect, const CacheKeyChe
   if (file_.valid() || holds_memory()) return "arena '" + name_ + "' already holds a file or allocations";
   const std::string path = cache_file_path(dir_, name_);
   std::string reason;
-  const int fd = open_regular_file(path, &reason);
+  const int fd = open_regular_file(path, &reason, options_.map_only);  // map-only: see weight_arena.h
   if (fd < 0) return reason;
   struct stat st;
   if (::fstat(fd, &st) != 0) reason = errno_text("unreadable: fstat '" + path + "'");

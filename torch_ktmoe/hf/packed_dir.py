@@ -15,20 +15,27 @@ packed, so the logits are bit-identical to the saved model's. A missing or inval
 expert file is an error that names it (the directory is not a cache to rebuild: the
 dense weights are not in it).
 
-A packed directory is an explicitly chosen model, like a checkpoint, so it is loaded with
+Loading only reads: no lock file, no cleanup of temporary files, nothing created or deleted
+in the directory (a packed directory is a model people receive, like a checkpoint). The
+manifest (:mod:`.packed_manifest`) is the trust root: every field is checked, ``experts_dir``
+is a plain name inside DIR, and every file must resolve inside DIR, or inside the hub repo
+folder of a Hugging Face cache snapshot (whose files are symlinks into ``blobs/``).
+A packed directory is an explicitly chosen model, so it is loaded with
 ``cache_trust_others=True``: a directory owned by another user (a root-owned ``/models``
 served by a service user) loads; every file is still checked (``verify="header"`` by default:
 file header, size and every expert's packed header) before it is mapped read-only.
 
-The expert files are KTMoE's persistent cache files, written and validated through
+``save_packed`` writes the whole directory into a new sibling directory and renames it into
+place last (an existing packed DIR is swapped out atomically and removed), so a failure leaves
+DIR as it was. The expert files are KTMoE's persistent cache files, written and validated through
 KTMoE's public behaviour: a layer whose experts already live in valid cache files
 (``mmap_experts_dir`` with ``cache="reuse"``/``"rebuild"``, mapped from or committed to a
 kept file that the cache did not refuse, and each file valid for the layer's fingerprint)
 has its files copied; any other layer is packed again from its unpacked experts into
 ``DIR/experts`` with ``cache="rebuild"`` and the result must equal the live packed bytes (always so for bf16;
 int8 / int4 re-quantization of dequantized values is checked, and a mismatch raises).
-``DIR/experts`` must be a directory the cache trusts (not writable by others, owned by the
-caller): a refused one raises :class:`PackedDirError` and no manifest is written.
+A filesystem the cache cannot keep files on (tmpfs, ...) raises :class:`PackedDirError`
+and leaves nothing behind.
 
 Manifest ``ktmoe_packed.json``: ``{"format": "torch_ktmoe.packed_dir", "version": 1,
 "experts_dir": "experts", "layers": [{"module", "layer_idx", "class_name", "num_experts",
@@ -38,10 +45,10 @@ Manifest ``ktmoe_packed.json``: ``{"format": "torch_ktmoe.packed_dir", "version"
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
-import tempfile
 import uuid
 import warnings
 
@@ -53,33 +60,27 @@ from ..arena import WeightArena
 from ..cache import CACHE_SUFFIX
 from ..layer import KTMoE
 from .experts import KTMoEExperts, dense_experts, unpacking_disabled
+from .packed_manifest import (
+    EXPERTS_DIR,
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    PackedDirError,
+    experts_path,
+    is_packed_dir,
+    layer_file_names,
+    read_manifest,
+)
 from .patch import account
 
-MANIFEST = "ktmoe_packed.json"
-FORMAT = "torch_ktmoe.packed_dir"
-VERSION = 1
-EXPERTS_DIR = "experts"
+READ_ONLY_POLICY = "map"  # only reads: no lock file, no cleanup, nothing created or deleted
 
-
-class PackedDirError(RuntimeError):
-    """A packed model directory that cannot be written or loaded (the message says why)."""
-
-
-def is_packed_dir(path) -> bool:
-    return os.path.isfile(os.path.join(os.fspath(path), MANIFEST))
-
-
-def read_manifest(path) -> dict:
-    with open(os.path.join(os.fspath(path), MANIFEST)) as f:
-        manifest = json.load(f)
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise PackedDirError(f"{path}/{MANIFEST}: not a {FORMAT} version {VERSION} manifest "
-                             f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})")
-    return manifest
+__all__ = ["MANIFEST", "PackedDirError", "is_packed_dir", "read_manifest", "save_packed", "packed_dir_layers",
+           "map_packed_layers"]
 
 
 def _file_names(ktm) -> list[str]:
-    return [f"layer{ktm.layer_idx:04d}.part{p}{CACHE_SUFFIX}" for p in range(ktm.numa_parts)]
+    return layer_file_names(ktm.layer_idx, ktm.numa_parts)
 
 
 def _kept_files(ktm) -> bool:
@@ -102,21 +103,13 @@ def _is_valid_cache(ktm) -> bool:
 def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
     """Puts ``ktm``'s packed experts as cache files in ``experts_dir``; returns their fingerprint."""
     if _is_valid_cache(ktm):
-        # Copies go to a private folder first (not <name>.ktmoe.tmp.<pid>: that is the cache's build-temp
-        # pattern, deleted as stale by a process holding the layer lock) and are checked there again (the
-        # source may have been replaced since): inspect_cache_file wants the cache's own file name.
-        staging = tempfile.mkdtemp(prefix=f".save_packed.copy.{os.getpid()}.", dir=experts_dir)
-        try:
-            for name in _file_names(ktm):
-                tmp = os.path.join(staging, name)
-                shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), tmp)
-                info = _C.inspect_cache_file(tmp, False)
-                if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
-                    raise PackedDirError(f"save_packed: {where}: the copy of {name} from {ktm.mmap_experts_dir} "
-                                         f"is not the layer's cache file ({info['reason'] or 'another fingerprint'})")
-                os.replace(tmp, os.path.join(experts_dir, name))
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        for name in _file_names(ktm):  # checked again as copied (the source may have been replaced since)
+            copy = os.path.join(experts_dir, name)
+            shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), copy)
+            info = _C.inspect_cache_file(copy, False)
+            if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
+                raise PackedDirError(f"save_packed: {where}: the copy of {name} from {ktm.mmap_experts_dir} "
+                                     f"is not the layer's cache file ({info['reason'] or 'another fingerprint'})")
         return ktm.cache_fingerprint
     fingerprint = f"torch_ktmoe.save_packed:{uuid.uuid4().hex}"
     gate_up, down = dense_experts(ktm) if ktm.weight_format == "bf16" else _quiet_dense(ktm)
@@ -145,9 +138,12 @@ def _quiet_dense(ktm):
 def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
     """Write ``model`` (patched by torch_ktmoe.hf) as a packed model directory; returns the manifest.
 
-    ``torch_ktmoe.hf.from_pretrained(directory)`` then loads it without the source checkpoint, mapping the experts.
+    Everything is written into a new sibling directory that then takes the place of ``directory``
+    in one rename, so an existing packed directory there stays complete and loadable until the new
+    one is (a failure leaves it as it was). ``directory`` must be new, empty or a packed directory.
+    ``torch_ktmoe.hf.from_pretrained(directory)`` then loads it without the source checkpoint.
     """
-    directory = os.fspath(directory)
+    directory = os.path.abspath(os.fspath(directory))
     adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, KTMoEExperts)]
     if not adapters:
         raise PackedDirError(f"save_packed: {type(model).__name__} has no KTMoE experts; patch it first "
@@ -156,16 +152,43 @@ def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
     if refused:
         raise PackedDirError(f"save_packed: {len(refused)} experts block(s) were left dense "
                              f"({', '.join(r.class_name for r in refused)}); a packed directory holds every expert packed")
+    for name, adapter in adapters:
+        if adapter.ktmoe is None or not adapter.ktmoe.loaded:
+            raise PackedDirError(f"save_packed: {name} has no loaded experts")
+    _check_target(directory)
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    staging = os.path.join(os.path.dirname(directory), f".{os.path.basename(directory)}.saving.{uuid.uuid4().hex}")
+    os.mkdir(staging, 0o755)  # ours, not writable by others: the cache trusts the experts directory in it
+    try:
+        manifest = _write_packed(model, adapters, staging, max_shard_size)
+        _swap_into_place(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _check_target(directory: str) -> None:
+    if os.path.islink(directory):
+        raise PackedDirError(f"save_packed: {directory} is a symlink; give the directory it names")
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise PackedDirError(f"save_packed: {directory} exists and is not a directory")
+    if os.path.isdir(directory) and os.listdir(directory) and not is_packed_dir(directory):
+        raise PackedDirError(f"save_packed: {directory} is neither empty nor a packed model directory "
+                             f"(no {MANIFEST}); nothing in it is replaced: choose a new or empty directory")
+
+
+def _write_packed(model: nn.Module, adapters, directory: str, max_shard_size) -> dict:
+    """The whole packed directory, written into the new (staging) ``directory``; the manifest last."""
     experts_dir = os.path.join(directory, EXPERTS_DIR)
-    os.makedirs(experts_dir, exist_ok=True)
+    os.mkdir(experts_dir, 0o755)
     refusal = WeightArena(experts_dir, "save_packed", persistent=True).cache_refusal  # creates nothing
     if refusal:  # the experts could only go into unnamed files: a manifest would name files that do not exist
-        raise PackedDirError(f"save_packed: {experts_dir} cannot hold the packed expert files ({refusal})")
+        raise PackedDirError(f"save_packed: {os.path.dirname(directory)} cannot hold the packed expert files "
+                             f"({refusal})")
     layers = []
     for name, adapter in adapters:
         ktm = adapter.ktmoe
-        if ktm is None or not ktm.loaded:
-            raise PackedDirError(f"save_packed: {name} has no loaded experts")
         fingerprint = _write_layer_files(ktm, experts_dir, name)
         layers.append(dict(module=name, layer_idx=ktm.layer_idx, class_name=adapter.replaced_class,
                            num_experts=ktm.num_experts, top_k=ktm.top_k, hidden_size=ktm.hidden_size,
@@ -173,19 +196,49 @@ def save_packed(model: nn.Module, directory, *, max_shard_size="5GB") -> dict:
                            group_size=ktm.group_size, numa_parts=ktm.numa_parts,
                            dense_dtype=str(adapter.dense_dtype).removeprefix("torch."),
                            fingerprint=fingerprint, files=_file_names(ktm)))
+    for name in os.listdir(experts_dir):  # the build locks of the layers written above: a model ships none
+        if name.endswith(CACHE_SUFFIX + ".lock"):
+            os.unlink(os.path.join(experts_dir, name))
     with unpacking_disabled():  # the non-expert weights only
         state_dict = model.state_dict()
     model.save_pretrained(directory, state_dict=state_dict, max_shard_size=max_shard_size)
     manifest = dict(format=FORMAT, version=VERSION, experts_dir=EXPERTS_DIR, layers=layers)
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
+    with open(os.path.join(directory, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
-    os.replace(tmp, os.path.join(directory, MANIFEST))  # last: a directory with a manifest is complete
     return manifest
 
 
+def _swap_into_place(new: str, directory: str) -> None:
+    """``new`` becomes ``directory``; an old ``directory`` (empty or packed) is removed after the swap."""
+    if not os.path.lexists(directory):
+        os.rename(new, directory)
+        return
+    if not _exchange(new, directory):  # no atomic exchange here: the old one is moved aside, then replaced
+        os.rename(directory, new + ".old")
+        os.rename(new, directory)
+        new += ".old"
+    shutil.rmtree(new)  # now the old directory
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where that is not available."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"save_packed: cannot move {a} into place: {os.strerror(err)}", b)
+
+
 def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
-    """The KTMoE of one manifest entry, mapped from the directory's files (raises if any is invalid)."""
+    """The KTMoE of one manifest entry, mapped read-only from its files in ``experts_dir`` (raises if one is bad)."""
     for key in ("weight_format", "mmap_experts_dir", "cache", "numa_parts", "group_size"):
         if key in ktmoe_kwargs:
             raise PackedDirError(f"from_pretrained({path}): a packed directory fixes {key}; do not pass it")
@@ -194,9 +247,8 @@ def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
     ktmoe_kwargs = dict(dict(cache_trust_others=True), **ktmoe_kwargs)
     ktm = KTMoE(entry["num_experts"], entry["top_k"], entry["hidden_size"], entry["intermediate_size"],
                 weight_format=entry["weight_format"], layer_idx=entry["layer_idx"],
-                mmap_experts_dir=os.path.join(path, experts_dir), numa_parts=entry["numa_parts"],
-                group_size=entry["group_size"],
-                cache="reuse", **ktmoe_kwargs)
+                mmap_experts_dir=experts_dir, numa_parts=entry["numa_parts"], group_size=entry["group_size"],
+                cache=READ_ONLY_POLICY, **ktmoe_kwargs)
     if not ktm.try_load_cached(entry["fingerprint"]):
         reasons = "; ".join(f"{e['name']}: {e['reason']}" for e in ktm.cache_events if not e["hit"])
         raise PackedDirError(f"from_pretrained({path}): {entry['module']}: the packed expert files are missing or "
@@ -206,7 +258,8 @@ def load_layer(entry: dict, path: str, experts_dir: str, ktmoe_kwargs: dict):
 
 def packed_dir_layers(path: str, **fixed) -> dict | None:
     """A packed model directory's layers by module name (None for a checkpoint). Such a directory
-    fixes the options in ``fixed`` (weight_format, mmap_experts_dir, cache): giving one is an error."""
+    fixes the options in ``fixed`` (weight_format, mmap_experts_dir, cache): giving one is an error.
+    The manifest is checked, and its files confined to the directory, before anything is loaded."""
     if not is_packed_dir(path):
         return None
     given = [k for k, v in fixed.items() if v is not None]
@@ -215,6 +268,7 @@ def packed_dir_layers(path: str, **fixed) -> dict | None:
             f"from_pretrained({path}): a packed model directory fixes {', '.join(given)} (see its {MANIFEST})"
         )
     manifest = read_manifest(path)
+    experts_path(path, manifest)
     return {"manifest": manifest, "by_module": {e["module"]: e for e in manifest["layers"]}}
 
 
@@ -226,6 +280,7 @@ def map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report) 
             f"from_pretrained({path}): the model's experts blocks and {MANIFEST} disagree "
             f"(not in the manifest: {missing}; manifest: {sorted(by_module)})"
         )
+    experts_dir = experts_path(path, manifest)
     for b, E, H, I, adapter in entries:
         entry = by_module[b.name]
         if (entry["num_experts"], entry["hidden_size"], entry["intermediate_size"], entry["top_k"]) != (E, H, I, adapter.top_k):
@@ -233,7 +288,7 @@ def map_packed_layers(path, manifest, by_module, entries, ktmoe_kwargs, report) 
                 f"from_pretrained({path}): {b.name}: the config says E, H, I, top_k = {(E, H, I, adapter.top_k)}, "
                 f"the manifest {(entry['num_experts'], entry['hidden_size'], entry['intermediate_size'], entry['top_k'])}"
             )
-        ktm = load_layer(entry, path, manifest["experts_dir"], {**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
+        ktm = load_layer(entry, path, experts_dir, {**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
         adapter.ktmoe = ktm
         adapter.layer_idx = ktm.layer_idx
         account(report, b, ktm, 0)

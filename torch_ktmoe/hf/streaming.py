@@ -58,7 +58,8 @@ def _resolve_dir(path) -> str:
         return path
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py"])
+    # *.ktmoe: the expert files of a packed model directory (its manifest, ktmoe_packed.json, is a *.json)
+    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.ktmoe"])
 
 
 def _config_without_mxfp4(path: str, hf_kwargs: dict):

@@ -1,0 +1,199 @@
+"""``python -m torch_ktmoe pack`` and ``inspect`` on bad input: one line on stderr, exit code 2, nothing created."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from torch_ktmoe import cli_pack, hf  # noqa: E402
+from torch_ktmoe.__main__ import main  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from tests.helpers.hf_models import make_model
+
+    path = tmp_path_factory.mktemp("ckpt") / "qwen3_moe"
+    make_model("qwen3_moe").save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """pack must refuse before it loads anything or asks the hub."""
+    import huggingface_hub
+
+    def fail(*a, **k):
+        pytest.fail("pack loaded the model / asked the hub before refusing")
+
+    monkeypatch.setattr(hf, "from_pretrained", fail)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
+
+
+def pack(capsys, *argv):
+    rc = main(["pack", *map(str, argv), "--quiet"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_refusal(rc, err, *words):
+    assert rc == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("pack:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_output_that_is_a_file(checkpoint, tmp_path, capsys, no_load):
+    target = tmp_path / "afile"
+    target.write_text("mine")
+    rc, _, err = pack(capsys, checkpoint, target)
+    one_line_refusal(rc, err, "exists and is not a directory")
+    assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["modle", "models/qwen3-moe", "./models/qwen3"])
+def test_mistyped_local_directory_is_not_a_hub_id(tmp_path, capsys, no_load, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    rc, _, err = pack(capsys, name, "out")
+    one_line_refusal(rc, err, "does not exist", repr(name))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 48), ("int4", -32), ("bf16", 64), ("int8", 32)])
+def test_group_size_checked_before_loading(checkpoint, tmp_path, capsys, no_load, fmt, group):
+    rc = main(["pack", str(checkpoint), str(tmp_path / "out"), "--format", fmt, "--group-size", str(group)])
+    one_line_refusal(rc, capsys.readouterr().err, "--group-size")
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_that_is_a_packed_directory_or_has_no_safetensors(checkpoint, tmp_path, capsys, no_load):
+    packed = tmp_path / "packed"
+    shutil.copytree(checkpoint, packed)
+    (packed / "ktmoe_packed.json").write_text("{}")
+    rc, _, err = pack(capsys, packed, tmp_path / "out")
+    one_line_refusal(rc, err, "is a packed model directory", "nothing to pack")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, _, err = pack(capsys, empty, tmp_path / "out")
+    one_line_refusal(rc, err, "has no *.safetensors")
+    assert not (tmp_path / "out").exists()
+
+
+def test_hub_failure_is_one_line_and_creates_nothing(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    def offline(*a, **k):
+        raise OSError("Got: ConnectError: [Errno -2] Name or service not known\nmore detail")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    rc, _, err = pack(capsys, "no-such-org/no-such-model", "out")
+    one_line_refusal(rc, err, "cannot download 'no-such-org/no-such-model'", "ConnectError")
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_failure_is_one_line_and_removes_the_directory_it_made(checkpoint, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    tensors = load_file(broken / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.down_proj.weight"]  # found only when layer 1 streams
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    rc, _, err = pack(capsys, broken, tmp_path / "out")
+    one_line_refusal(rc, err, "experts.3.down_proj", "nothing was kept")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def ext4(tmp_path):
+    """``ext4(mib)``: a small ext4 file system mounted for the test (skips where one cannot be made)."""
+    mounted = []
+
+    def make(mib: int):
+        if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+            pytest.skip("needs root and mkfs.ext4 to make a small file system")
+        img, mnt = tmp_path / f"fs{mib}.img", tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
+        mnt.mkdir()
+        made = subprocess.run(f"truncate -s {mib}M {img} && mkfs.ext4 -q -m 0 {img} && mount -o loop {img} {mnt}",
+                              shell=True, capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a loop file system here: {made.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_ext4(ext4):
+    """8 MiB (6.3 MiB free): the tiny checkpoint's two bf16 cache files need 8 MiB."""
+    return ext4(8)
+
+
+def test_full_disk_refused_up_front(checkpoint, small_ext4, capsys, no_load):
+    rc, _, err = pack(capsys, checkpoint, small_ext4 / "out")
+    one_line_refusal(rc, err, "MiB free", "need at least 8.0 MiB")
+    assert os.listdir(small_ext4) == ["lost+found"]
+
+
+def test_disk_filling_up_names_enospc(checkpoint, small_ext4, capsys, monkeypatch):
+    monkeypatch.setattr(cli_pack, "free_bytes", lambda d: 1 << 40)  # past the up-front check: the disk fills
+    rc, out, err = pack(capsys, checkpoint, small_ext4 / "out")
+    assert rc == 1 and "kept 1 of 2 cache files" in out, (out, err)
+    assert "pack: layer0001.part0 was not kept: " in err and "No space left on device" in err, err
+    assert "is not in the file" not in err
+
+
+def test_repack_counts_the_space_of_the_files_it_replaces(checkpoint, ext4, capsys):
+    fs = ext4(16)  # 14 MiB free: the first pack leaves ~6 MiB, the second replaces its files one by one
+    assert pack(capsys, checkpoint, fs / "out")[0] == 0
+    rc, out, err = pack(capsys, checkpoint, fs / "out")
+    assert rc == 0 and "kept 2 of 2" in out, (out, err)
+
+
+def test_subprocess_exit_code_and_no_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    (tmp_path / "afile").write_text("x")
+    r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(tmp_path / "afile"), str(tmp_path / "out")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "is not a directory" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# -- inspect ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["missing", "file", "packed", "bad_manifest", "escaping_manifest"])
+def test_inspect_never_tracebacks(checkpoint, tmp_path, capsys, what):
+    target = tmp_path / "x"
+    if what == "file":
+        target.write_bytes(b"\x00junk")
+    elif what != "missing":
+        model = hf.from_pretrained(checkpoint, weight_format="int8", progress=False)
+        hf.save_packed(model, target)
+        if what == "bad_manifest":
+            (target / "ktmoe_packed.json").write_text("{nope")
+        elif what == "escaping_manifest":
+            (target / "ktmoe_packed.json").write_text(
+                (target / "ktmoe_packed.json").read_text().replace('"experts_dir": "experts"', '"experts_dir": "../e"'))
+    capsys.readouterr()
+    rc = main(["inspect", str(target)])
+    out, err = capsys.readouterr()
+    if what == "packed":
+        assert rc == 0 and "packed model directory: 2 experts layers" in out and "2 files, 2 valid" in out, out
+    else:
+        assert rc == 2 and err.startswith("inspect: ") and len(err.splitlines()) == 1, err
