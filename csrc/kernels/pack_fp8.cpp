@@ -61,21 +61,11 @@ PackedMatrixHeader fp8_matrix_header(MatrixRole role, int64_t n, int64_t k, int6
   const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, kBlockN) : round_up(n, kBlockN);
   if (np > std::numeric_limits<int32_t>::max() || kp > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("fp8_matrix_header: matrix too large");
-  PackedMatrixHeader h;
-  std::memset(&h, 0, sizeof(h));
-  h.magic = kPackedMagic;
-  h.version = kPackedVersion;
-  h.format = kFP8FormatId;
-  h.role = static_cast<uint8_t>(role);
-  h.n = static_cast<int32_t>(n);
-  h.k = static_cast<int32_t>(k);
-  h.np = static_cast<int32_t>(np);
-  h.kp = static_cast<int32_t>(kp);
-  h.group = static_cast<int32_t>(g);
-  h.data_offset = sizeof(PackedMatrixHeader);
-  const int64_t data_end = round_up(h.data_offset + (np / kBlockN) * fp8_block_data_bytes(kp), 64);
-  h.scale_offset = data_end;
-  h.total_bytes = round_up(data_end + fp8_scale_bytes(np, kp, g), 64);
+  const int64_t data_end = round_up(int64_t(sizeof(PackedMatrixHeader)) + (np / kBlockN) * fp8_block_data_bytes(kp), 64);
+  PackedMatrixHeader h{kPackedMagic, kPackedVersion, kFP8FormatId, static_cast<uint8_t>(role),
+                       int32_t(n), int32_t(k), int32_t(np), int32_t(kp), int32_t(g), 0,
+                       int64_t(sizeof(PackedMatrixHeader)), data_end,
+                       round_up(data_end + fp8_scale_bytes(np, kp, g), 64), {}};
   return h;
 }
 
