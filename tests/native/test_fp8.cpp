@@ -165,6 +165,28 @@ void test_fp8_pack(MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rn
                     (long long)bad_val, (long long)bad_pad, (long long)bad_gap));
 }
 
+// Packs a 32 x 64 kGateUp matrix of 1.0 bytes with one bad byte at (21, 7) and per-channel scales
+// with one bad scale at row 9, into a blob filled with 0xAB; returns the domain_error's text
+// ("" if none) and whether the blob's first byte is still 0xAB.
+std::pair<std::string, bool> pack_refused(uint8_t byte_21_7, float scale_9, int64_t expert) {
+  const PackedMatrixHeader h = fp8_matrix_header(MatrixRole::kGateUp, 32, 64, 0);
+  std::vector<uint8_t> q(32 * 64, 0x38);  // 1.0
+  q[21 * 64 + 7] = byte_21_7;
+  std::vector<float> s(32, 1.f);
+  s[9] = scale_9;
+  std::vector<const uint8_t*> rows;
+  for (int r = 0; r < 32; ++r) rows.push_back(q.data() + r * 64);
+  const auto srows = fp8_scale_rows(s.data(), 32, 1, 1);
+  AlignedBytes out(size_t(h.total_bytes), 0xAB);
+  std::string what;
+  try {
+    fp8_pack_matrix(h, rows.data(), srows.data(), expert, out.get());
+  } catch (const std::domain_error& e) {
+    what = e.what();
+  }
+  return {what, out.get()[0] == 0xAB};
+}
+
 void test_fp8_pack_errors() {
   bool threw = false;
   try {
@@ -174,40 +196,16 @@ void test_fp8_pack_errors() {
   }
   CHECK(threw, "fp8 pack: group 48 (not a multiple of 32) rejected");
   for (uint8_t nan : {uint8_t(0x7F), uint8_t(0xFF)}) {
-    const PackedMatrixHeader h = fp8_matrix_header(MatrixRole::kGateUp, 32, 64, 0);
-    std::vector<uint8_t> q(32 * 64, 0x38);  // 1.0
-    q[21 * 64 + 7] = nan;
-    std::vector<float> s(32, 1.f);
-    std::vector<const uint8_t*> rows;
-    for (int r = 0; r < 32; ++r) rows.push_back(q.data() + r * 64);
-    const auto srows = fp8_scale_rows(s.data(), 32, 1, 1);
-    AlignedBytes out(size_t(h.total_bytes), 0xAB);
-    std::string what;
-    try {
-      fp8_pack_matrix(h, rows.data(), srows.data(), 3, out.get());
-    } catch (const std::domain_error& e) {
-      what = e.what();
-    }
+    const auto [what, untouched] = pack_refused(nan, 1.f, 3);
     CHECK(what.find("expert 3: row 21, column 7") != std::string::npos && what.find("NaN") != std::string::npos &&
-              out.get()[0] == 0xAB,
+              untouched,
           strf("fp8 pack: NaN byte 0x%02x refused before anything is written ('%s')", nan, what.c_str()));
   }
-  const PackedMatrixHeader h = fp8_matrix_header(MatrixRole::kPlain, 16, 64, 0);
-  std::vector<uint8_t> q(16 * 64, 0x38);
-  std::vector<float> s(16, 1.f);
-  s[9] = std::numeric_limits<float>::infinity();
-  std::vector<const uint8_t*> rows;
-  for (int r = 0; r < 16; ++r) rows.push_back(q.data() + r * 64);
-  const auto srows = fp8_scale_rows(s.data(), 16, 1, 1);
-  AlignedBytes out(size_t(h.total_bytes), 0xAB);
-  std::string what;
-  try {
-    fp8_pack_matrix(h, rows.data(), srows.data(), 5, out.get());
-  } catch (const std::domain_error& e) {
-    what = e.what();
-  }
-  CHECK(what.find("expert 5: row 9") != std::string::npos && out.get()[0] == 0xAB,
-        strf("fp8 pack: an infinite scale refused ('%s')", what.c_str()));
+  const auto [what, untouched] = pack_refused(0x38, std::numeric_limits<float>::infinity(), 5);
+  CHECK(what.find("expert 5: row 9") != std::string::npos && untouched,
+        strf("fp8 pack: an infinite scale refused before anything is written ('%s')", what.c_str()));
+  CHECK(pack_refused(0x38, 1.f, 0).first.empty() && pack_refused(0xFE, -2.f, 0).first.empty(),
+        "fp8 pack: finite bytes (0xfe = -448) and scales (negative too) accepted");
 }
 
 // Every non-NaN byte through the kernel: W[j][c] = byte c (NaN -> 0), scale 1, one-hot

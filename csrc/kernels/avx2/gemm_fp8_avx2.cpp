@@ -7,7 +7,10 @@
 // e4m3's 7, and fp16 subnormals are e4m3's), and vcvtph2ps converts it exactly:
 //   even k: ((v << 8) >>arith 1) & 0xBF80,   odd k: (v >>arith 1) & 0xBF80
 // (the arithmetic shift copies the sign into bit 15; the mask drops its copy in bit
-// 14 and the other byte), then 4 vcvtph2ps (columns 0-7 / 8-15, even / odd k).
+// 14 and the other byte), then 4 vcvtph2ps (columns 0-7 / 8-15, even / odd k): no
+// branch, subnormals included. ~13 vector uops + 4 FMAs per 32 weights and row, so a
+// decode row is bound by these instructions: measured 17.6 GB/s of fp8 weights in L2
+// and 13.7 out of cache (1 thread, loaded AVX-512 host, read roof 27 GB/s in that run).
 //
 // Accumulation, the same in every path, per column: for each k-group G, acc = +0,
 // then acc = fma(w, a, acc) for k ascending (even then odd k of a pair; the product of

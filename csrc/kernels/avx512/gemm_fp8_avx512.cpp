@@ -18,7 +18,8 @@
 // weights in L2, loaded 2-core host, N(0,1)-shaped e4m3 bytes, GB/s of fp8 weights):
 // always fixing up (6 ops) 30, a vptestnmw + branch per k-pair 38, the byte test per
 // 64 bytes 46 (bf16's kernel: 90 GB/s of its 2-byte weights). Out of cache (64
-// experts, 384 MiB) all three read at the machine's read roof (~20-27 GB/s there).
+// experts x 6 MiB, M = 1) the decode read 18-24 GB/s against a streaming read of
+// 15-27 GB/s in the same runs (the host's load varied), at or near the roof.
 // A software prefetch 1-2 KiB ahead was slower (-10 to -25 %).
 //
 // Accumulation, identical in every path, per column: for each k-group G, acc = +0,
