@@ -20,20 +20,26 @@
 // 64 bytes 46 (bf16's kernel: 90 GB/s of its 2-byte weights). Out of cache (64
 // experts x 6 MiB, M = 1) the decode read 18-24 GB/s against a streaming read of
 // 15-27 GB/s in the same runs (the host's load varied), at or near the roof.
-// A software prefetch 1-2 KiB ahead was slower (-10 to -25 %).
+// A software prefetch 1-2 KiB ahead in the decode tiles was slower (-10 to -25 %).
 //
 // Accumulation, identical in every path, per column: for each k-group G, acc = +0,
 // one vdpbf16ps per k-pair of G in k order (a chain), then out = fma(s * 2^8, acc, out)
 // (out = +0 before the first group). So the bits depend neither on (b0, b1) nor on M.
 //
-// Decode rows (m <= kRegDecodeRows): register tiles of m rows x NB = 4 blocks side by
-// side (then 2, then 1), the weights decoded in registers and read exactly once;
-// 4 independent weight streams and accumulator chains per step.
-// Prefill (m > kRegDecodeRows), as gemm_bf16_avx512's prefill: per group of NB blocks,
-// per k-chunk of at most kPChunk k-pairs inside one k-group, the chunk is decoded once
-// into an L1 buffer of bf16 (NB x 4 KiB), then row tiles of <= kPMaxRows[NB] rows run
+// Decode rows (m <= 8): register tiles of m rows x NB blocks side by side (NB = 4 for
+// m <= 4, else 2; then 2 / 1 for the last blocks), the weights decoded in registers
+// and read exactly once, NB weight streams and m x NB accumulator chains in flight;
+// a column's output stays in c between k-groups (exact fp32).
+// Prefill (m > 8), as gemm_bf16_avx512's prefill: per group of NB blocks, per k-chunk
+// of at most kPChunk k-pairs inside one k-group, the chunk is decoded once into an L1
+// buffer of bf16 (NB x 4 KiB; the decode prefetches the next chunk of each block, which
+// the row tiles' time then hides), then row tiles of <= kPMaxRows[NB] rows run
 // vdpbf16ps over it (MR x NB accumulators, the same tile shape as bf16). A group split
 // over chunks leaves its exact fp32 partial acc in a per-thread buffer between chunks.
+// Measured (1 thread, 4 experts of 1536 x 2048, loaded host; ms, fp8 / bf16 kernel):
+// m = 1: 0.33 / 1.0, m = 4: 0.6 / 1.0, m = 8: 1.2-1.7 / 1.3-1.9, m = 12: 1.9-2.7 / 1.7,
+// m = 128: 17 / 16. (With register tiles only up to m = 2 and no prefetch in the
+// prefill decode, m = 3..12 took 2-2.8 ms.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -56,6 +62,8 @@ struct SubnormalFix {
   }
 };
 constexpr SubnormalFix kSubnormalFix;
+
+constexpr int64_t kPChunk = 64;  // prefill: k-pairs per decoded chunk, NB x 4 KiB of bf16
 
 struct Fp8Decoder {
   __m512i keep = _mm512_set1_epi16(int16_t(0x87F0));
@@ -81,10 +89,20 @@ struct Fp8Decoder {
   inline __m512i fixed(__m512i r, __mmask32 k, __m512i s) const {
     return _mm512_mask_add_epi16(r, k, r, _mm512_permutexvar_epi16(s, fix));
   }
-  // 32 e4m3 bytes at p -> 32 bf16 (value * 2^-8), same order.
-  inline __m512bh operator()(const uint8_t* p) const {
-    const __m512i s = widen(p);
-    return (__m512bh)fixed(normal(s), subnormal(s), s);
+  // n (even) k-pairs of a block at p -> n zmm of bf16 (value * 2^-8) at out: the
+  // fix-up only for 64-byte windows that hold e = 0 bytes.
+  inline void pairs(const uint8_t* p, int64_t n, uint8_t* out) const {
+    for (int64_t i = 0; i < n; i += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i * 32 + kPChunk * 32), _MM_HINT_T0);
+      const bool any = subnormal_bytes(p + i * 32) != 0;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i s = widen(p + (i + h) * 32);
+        __m512i r = normal(s);
+        if (__builtin_expect(any, 0)) r = fixed(r, subnormal(s), s);
+        _mm512_store_si512(out + (i + h) * 64, r);
+      }
+    }
   }
 };
 
@@ -102,7 +120,6 @@ inline __m512 scale256(const Fp8Ctx& x, int64_t b, int64_t g) {
   return _mm512_mul_ps(_mm512_loadu_ps(s), _mm512_set1_ps(kE4m3KernelScale));
 }
 
-constexpr int64_t kRegDecodeRows = 2;
 
 // Decode tile: rows [0, MR) of a (row stride astride bytes) x blocks [b, b+NB), all k.
 template <int MR, int NB>
@@ -110,14 +127,9 @@ __attribute__((noinline)) void dtile(const Fp8Ctx& x, const uint8_t* a, int64_t 
                                      float* c, int64_t ldc) {
   const Fp8Decoder dec;
   const uint8_t* w = x.data + b * x.bstride;
-  __m512 out[MR][NB];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) out[i][j] = _mm512_setzero_ps();
   for (int64_t g = 0; g < x.ngroups; ++g) {
     __m512 acc[MR][NB];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -138,7 +150,7 @@ __attribute__((noinline)) void dtile(const Fp8Ctx& x, const uint8_t* a, int64_t 
 #pragma GCC unroll 4
           for (int j = 0; j < NB; ++j) wv[j] = dec.fixed(wv[j], dec.subnormal(sv[j]), sv[j]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
           const __m512bh av = (__m512bh)bcast32(a + i * astride + (p + h) * 4);
 #pragma GCC unroll 4
@@ -147,29 +159,31 @@ __attribute__((noinline)) void dtile(const Fp8Ctx& x, const uint8_t* a, int64_t 
       }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) {
+    for (int j = 0; j < NB; ++j) {  // the output's partial sum lives in c between groups
       const __m512 s = scale256(x, b + j, g);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) out[i][j] = _mm512_fmadd_ps(s, acc[i][j], out[i][j]);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        float* cij = c + i * ldc + j * 16;
+        const __m512 prev = g == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cij);
+        _mm512_storeu_ps(cij, _mm512_fmadd_ps(s, acc[i][j], prev));
+      }
     }
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, out[i][j]);
 }
 
+// Rows [0, MR) x blocks [b0, b1) in decode tiles: 4 blocks side by side for MR <= 4,
+// 2 for MR <= 8 (MR x NB accumulators + NB decoded k-pairs fit the 32 zmm).
 template <int MR>
 void gemm_fp8_decode(const Fp8Ctx& x, const uint8_t* a, int64_t astride, int64_t b0, int64_t b1,
                      float* c, int64_t ldc) {
   int64_t b = b0;
-  for (; b + 4 <= b1; b += 4) dtile<MR, 4>(x, a, astride, b, c + (b - b0) * 16, ldc);
+  if constexpr (MR <= 4)
+    for (; b + 4 <= b1; b += 4) dtile<MR, 4>(x, a, astride, b, c + (b - b0) * 16, ldc);
   for (; b + 2 <= b1; b += 2) dtile<MR, 2>(x, a, astride, b, c + (b - b0) * 16, ldc);
   for (; b < b1; ++b) dtile<MR, 1>(x, a, astride, b, c + (b - b0) * 16, ldc);
 }
 
 // ---- prefill ----
-constexpr int64_t kPChunk = 64;  // k-pairs per decoded chunk: NB x 4 KiB of bf16
 constexpr int kPMaxRows[5] = {0, 12, 12, 0, 6};
 
 // Where a prefill tile's k-chunk [s0, s1) sits in its k-group g.
@@ -268,8 +282,7 @@ void gemm_fp8_prefill(const Fp8Ctx& x, int64_t kp, const uint16_t* a, int64_t ld
         const int64_t s1 = std::min(s0 + kPChunk, (g + 1) * x.spg);
         const ChunkPos q{s0, s1, g, s0 == g * x.spg, s1 == (g + 1) * x.spg};
         for (int j = 0; j < NB; ++j)
-          for (int64_t p = s0; p < s1; ++p)
-            _mm512_store_si512(wd + (j * kPChunk + p - s0) * 64, (__m512i)dec(w + j * x.bstride + p * 32));
+          dec.pairs(w + j * x.bstride + s0 * 32, s1 - s0, wd + j * kPChunk * 64);
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t r0 = t * m / nt, r1 = (t + 1) * m / nt;
           ptile_n<NB, kMR>(r1 - r0, x, wd, ar + r0 * astride, astride, b, q, part + r0 * 64,
@@ -293,8 +306,17 @@ void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64
   const int64_t kp = w->kp;
   const Fp8Ctx x{packed_data(w), packed_scales(w), fp8_block_data_bytes(kp), kp / w->group, w->group / 2};
   const auto* ab = reinterpret_cast<const uint8_t*>(a);
-  if (m == 1) return gemm_fp8_decode<1>(x, ab, lda * 2, b0, b1, c, ldc);
-  if (m == kRegDecodeRows) return gemm_fp8_decode<kRegDecodeRows>(x, ab, lda * 2, b0, b1, c, ldc);
+  switch (m) {
+    case 1: return gemm_fp8_decode<1>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 2: return gemm_fp8_decode<2>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 3: return gemm_fp8_decode<3>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 4: return gemm_fp8_decode<4>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 5: return gemm_fp8_decode<5>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 6: return gemm_fp8_decode<6>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 7: return gemm_fp8_decode<7>(x, ab, lda * 2, b0, b1, c, ldc);
+    case 8: return gemm_fp8_decode<8>(x, ab, lda * 2, b0, b1, c, ldc);
+    default: break;
+  }
   gemm_fp8_prefill(x, kp, a, lda, m, b0, b1, c, ldc);
 }
 
