@@ -31,6 +31,7 @@
 // the sign at bit 15 for a normal byte (an OR, no add). They multiply the scale by 2^8
 // (exact), so the product is unchanged.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -38,9 +39,6 @@
 
 namespace ktmoe {
 
-// PackedMatrixHeader::format of kFP8 (WeightFormat's next value once the formats
-// table lists it).
-constexpr uint8_t kFP8FormatId = 3;
 // One (block, group) scale record: 16 fp32.
 constexpr int64_t kFp8ScaleBytes = 64;
 // DeepSeek-V3's weight_block_size: the group of a block-scaled checkpoint.
@@ -82,6 +80,20 @@ inline float e4m3_to_float(uint8_t b) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// The e4m3fn byte nearest to x (round to nearest even, as torch's float8_e4m3fn cast),
+// |x| clamped to 448 first; x finite. Below 2^-6 the grid is m * 2^-9 (m = 8 is 2^-6,
+// byte 0x08); above, 1.m * 2^E with 3 mantissa bits ((2f - 1) * 8 is exact in fp32).
+inline uint8_t e4m3_from_float(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fmin(std::fabs(x), 448.f);
+  if (a < 0.015625f) return uint8_t(sign | int(std::nearbyint(a * 512.f)));
+  int e = 0;
+  const float f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  int m = int(std::nearbyint((2.f * f - 1.f) * 8.f)), biased = e + 6;
+  if (m == 8) m = 0, ++biased;
+  return uint8_t(sign | (biased << 3) | m);  // 448 (0x7E) at most: never a NaN byte
 }
 
 // bf16 bits of e4m3(m) * 2^-8 for a subnormal magnitude m < 8 (0 for m = 0):

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -31,10 +30,10 @@ std::string where(int64_t expert, int64_t r) {
 
 void check_fp8_inputs(const PackedMatrixHeader& h, const uint8_t* const* q, const float* const* scale,
                       int64_t expert) {
-  if (h.magic != kPackedMagic || h.version != kPackedVersion || h.format != kFP8FormatId ||
+  if (h.magic != kPackedMagic || h.version != kPackedVersion || h.format != uint8_t(WeightFormat::kFP8) ||
       h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 || h.group <= 0 ||
       h.group % kAlignK || h.kp % h.group || h.kp < h.k || h.np % kBlockN || h.np < h.n)
-    throw std::invalid_argument("fp8_pack_matrix: inconsistent header (use fp8_matrix_header)");
+    throw std::invalid_argument("fp8_pack_matrix: inconsistent header (use packed_matrix_header)");
   const int64_t ngroups = h.kp / h.group;
   for (int64_t r = 0; r < h.n; ++r) {
     for (int64_t c = 0; c < h.k; ++c)
@@ -49,25 +48,6 @@ void check_fp8_inputs(const PackedMatrixHeader& h, const uint8_t* const* q, cons
 }
 
 }  // namespace
-
-PackedMatrixHeader fp8_matrix_header(MatrixRole role, int64_t n, int64_t k, int64_t group) {
-  if (n <= 0 || k <= 0) throw std::invalid_argument("fp8_matrix_header: n and k must be > 0");
-  if (role == MatrixRole::kGateUp && n % 2 != 0)
-    throw std::invalid_argument("fp8_matrix_header: kGateUp needs n = 2*I (even)");
-  if (group < 0 || group % kAlignK != 0)
-    throw std::invalid_argument("fp8_matrix_header: group must be 0 (per channel) or a multiple of 32, got " +
-                                std::to_string(group));
-  const int64_t kp = round_up(k, group > 0 ? group : kAlignK), g = group > 0 ? group : kp;
-  const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, kBlockN) : round_up(n, kBlockN);
-  if (np > std::numeric_limits<int32_t>::max() || kp > std::numeric_limits<int32_t>::max())
-    throw std::invalid_argument("fp8_matrix_header: matrix too large");
-  const int64_t data_end = round_up(int64_t(sizeof(PackedMatrixHeader)) + (np / kBlockN) * fp8_block_data_bytes(kp), 64);
-  PackedMatrixHeader h{kPackedMagic, kPackedVersion, kFP8FormatId, static_cast<uint8_t>(role),
-                       int32_t(n), int32_t(k), int32_t(np), int32_t(kp), int32_t(g), 0,
-                       int64_t(sizeof(PackedMatrixHeader)), data_end,
-                       round_up(data_end + fp8_scale_bytes(np, kp, g), 64), {}};
-  return h;
-}
 
 std::vector<const float*> fp8_scale_rows(const float* s, int64_t rows, int64_t bn, int64_t per_row) {
   if (bn <= 0 || per_row <= 0) throw std::invalid_argument("fp8_scale_rows: bn and per_row must be > 0");

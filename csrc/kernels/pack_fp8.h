@@ -6,13 +6,14 @@
 #include <vector>
 
 #include "kernels/fp8_format.h"
+#include "kernels/pack.h"
 
 namespace ktmoe {
 
-// The header of a kFP8 matrix: format kFP8FormatId, np as packed_format.h says for
-// the role, group > 0 (a multiple of 32, e.g. kFp8BlockGroup): kp = round_up(k, group);
-// group = 0: per channel, kp = round_up(k, 32) and header.group = kp (one k-group).
-PackedMatrixHeader fp8_matrix_header(MatrixRole role, int64_t n, int64_t k, int64_t group);
+// A kFP8 matrix's header is packed_matrix_header(WeightFormat::kFP8, role, n, k, group)
+// (pack.h): group a multiple of 32 (0: kFp8BlockGroup), kp = round_up(k, group). One scale
+// per output row (FP8_PERCHANNEL) is group = round_up(k, 32) = kp (one k-group), or that
+// row's scale repeated over the groups of any group.
 
 // Scale row pointers for fp8_pack_matrix from a checkpoint's scale tensor s of `rows`
 // weight rows: row r's kp/group scales are at s + (r / bn) * per_row.

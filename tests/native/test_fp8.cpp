@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "check.h"
-#include "kernels/gemm_fp8.h"
+#include "kernels/pack.h"
 #include "kernels/pack_fp8.h"
 #include "tests.h"
 
@@ -18,13 +18,9 @@ using namespace ktmoe;
 
 namespace {
 
-using GemmFp8 = void (*)(const PackedMatrixHeader*, const uint16_t*, int64_t, int64_t, int64_t, int64_t,
-                         float*, int64_t);
-
-GemmFp8 gemm_fp8_of(const IsaKernels& isa) {
-  const std::string name = isa.name;
-  return name == "generic" ? generic::gemm_fp8 : name == "avx2" ? avx2::gemm_fp8
-                           : name == "avx512" ? avx512::gemm_fp8 : nullptr;
+// The kFP8 header of a test shape: group 0 is per channel (one k-group, group = kp).
+PackedMatrixHeader fp8_header(MatrixRole role, int64_t n, int64_t k, int64_t group) {
+  return packed_matrix_header(WeightFormat::kFP8, role, n, k, group ? group : round_up(k, 32));
 }
 
 // e4m3fn from its fields in double: (-1)^s * 2^(e-7) * (1 + m/8), subnormal 2^-6 * m/8.
@@ -127,10 +123,30 @@ void test_e4m3_decode() {
                        "0x7f / 0xff), scaled subnormals exact (bad %d)", bad));
 }
 
+// e4m3_from_float: every finite byte's value maps back to the byte; a point between two
+// neighbours goes to the nearer, a midpoint to the even byte; beyond 448 saturates.
+void test_e4m3_encode() {
+  int bad = 0;
+  for (int b = 0; b < 256; ++b) {
+    if (e4m3_is_nan(uint8_t(b))) continue;
+    const float v = e4m3_to_float(uint8_t(b));
+    bad += e4m3_from_float(v) != uint8_t(b);
+    const int next = (b & 0x7F) + 1;
+    if ((next & 0x7F) == 0x7F) continue;
+    const uint8_t nb = uint8_t((b & 0x80) | next);
+    const double lo = ref_e4m3(uint8_t(b)), hi = ref_e4m3(nb), mid = (lo + hi) / 2;
+    bad += e4m3_from_float(float(lo + (hi - lo) / 4)) != uint8_t(b);
+    bad += e4m3_from_float(float(hi - (hi - lo) / 4)) != nb;
+    bad += e4m3_from_float(float(mid)) != ((b & 1) ? nb : uint8_t(b));
+  }
+  bad += e4m3_from_float(470.f) != 0x7E || e4m3_from_float(-1e30f) != 0xFE;
+  CHECK(bad == 0, strf("fp8: e4m3_from_float rounds to nearest even, saturates at 448 (bad %d)", bad));
+}
+
 void test_fp8_pack(MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
   const std::string name = strf("fp8 pack %s n=%lld k=%lld group=%lld", role_name(role), (long long)n,
                                 (long long)k, (long long)group);
-  const PackedMatrixHeader h = fp8_matrix_header(role, n, k, group);
+  const PackedMatrixHeader h = fp8_header(role, n, k, group);
   const int64_t kp = group ? round_up(k, group) : round_up(k, 32), g = group ? group : kp;
   const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, 16) : round_up(n, 16);
   const int64_t data_end = round_up(64 + np * kp, 64), scale_bytes = (np / 16) * (kp / g) * 64;
@@ -169,7 +185,7 @@ void test_fp8_pack(MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rn
 // with one bad scale at row 9, into a blob filled with 0xAB; returns the domain_error's text
 // ("" if none) and whether the blob's first byte is still 0xAB.
 std::pair<std::string, bool> pack_refused(uint8_t byte_21_7, float scale_9, int64_t expert) {
-  const PackedMatrixHeader h = fp8_matrix_header(MatrixRole::kGateUp, 32, 64, 0);
+  const PackedMatrixHeader h = fp8_header(MatrixRole::kGateUp, 32, 64, 0);
   std::vector<uint8_t> q(32 * 64, 0x38);  // 1.0
   q[21 * 64 + 7] = byte_21_7;
   std::vector<float> s(32, 1.f);
@@ -190,7 +206,7 @@ std::pair<std::string, bool> pack_refused(uint8_t byte_21_7, float scale_9, int6
 void test_fp8_pack_errors() {
   bool threw = false;
   try {
-    fp8_matrix_header(MatrixRole::kPlain, 16, 64, 48);
+    packed_matrix_header(WeightFormat::kFP8, MatrixRole::kPlain, 16, 64, 48);
   } catch (const std::invalid_argument&) {
     threw = true;
   }
@@ -212,9 +228,9 @@ void test_fp8_pack_errors() {
 // activation rows (row r = unit vector e_r): c[r][j] must be e4m3(byte r) exactly, for
 // M = kp at once, M = 2 and M = 1 per row.
 void test_fp8_gemm_all_bytes(const IsaKernels& isa) {
-  const GemmFp8 gemm = gemm_fp8_of(isa);
+  const auto gemm = isa.gemm_fp8;
   const int64_t n = 16, k = 256;
-  const PackedMatrixHeader h = fp8_matrix_header(MatrixRole::kPlain, n, k, 128);
+  const PackedMatrixHeader h = fp8_header(MatrixRole::kPlain, n, k, 128);
   std::vector<uint8_t> q(size_t(n * k));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < k; ++c) q[size_t(j * k + c)] = e4m3_is_nan(uint8_t(c)) ? 0 : uint8_t(c);
@@ -245,8 +261,8 @@ void test_fp8_gemm_all_bytes(const IsaKernels& isa) {
 }
 
 void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
-  const GemmFp8 gemm = gemm_fp8_of(isa);
-  const PackedMatrixHeader h = fp8_matrix_header(role, n, k, group);
+  const auto gemm = isa.gemm_fp8;
+  const PackedMatrixHeader h = fp8_header(role, n, k, group);
   const int64_t kp = h.kp, np = h.np, nb = np / 16, ng = kp / h.group;
   const Fp8Dense d = random_fp8(role, n, k, group, kp, rng);
   const AlignedBytes blob = pack_fp8(h, d, 0);
@@ -320,6 +336,7 @@ void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k,
 
 void test_fp8(const std::vector<Isa>& isas, Rng& rng) {
   test_e4m3_decode();
+  test_e4m3_encode();
   struct Shape {
     MatrixRole role;
     int64_t n, k, group;
@@ -331,7 +348,6 @@ void test_fp8(const std::vector<Isa>& isas, Rng& rng) {
   for (const Shape& s : shapes) test_fp8_pack(s.role, s.n, s.k, s.group, rng);
   test_fp8_pack_errors();
   for (const Isa& isa : isas) {
-    if (!gemm_fp8_of(*isa.k)) continue;
     test_fp8_gemm_all_bytes(*isa.k);
     for (const Shape& s : shapes) test_fp8_gemm(*isa.k, s.role, s.n, s.k, s.group, rng);
   }

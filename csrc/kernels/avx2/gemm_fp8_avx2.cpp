@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "kernels/avx2/avx2_util.h"
-#include "kernels/gemm_fp8.h"
+#include "kernels/fp8_format.h"
 
 namespace ktmoe {
 namespace avx2 {

@@ -48,7 +48,8 @@
 #include <type_traits>
 
 #include "kernels/avx512/avx512_common.h"
-#include "kernels/gemm_fp8.h"
+#include "kernels/fp8_format.h"
+#include "kernels/isa_kernels.h"
 
 namespace ktmoe {
 namespace avx512 {

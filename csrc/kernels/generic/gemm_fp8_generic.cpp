@@ -14,7 +14,7 @@
 
 #include "kernels/generic/bf16_scalar.h"
 #include "kernels/generic/generic_kernels.h"
-#include "kernels/gemm_fp8.h"
+#include "kernels/fp8_format.h"
 
 namespace ktmoe {
 namespace generic {
