@@ -15,7 +15,7 @@ top-k routing drawn at random per layer and pass) through all layers:
   here through ctypes, exactly what the arena did before);
 * ``warm="blocking"``: what KTMoE does now. The layer's arena reads the kept
   file with read() before the load maps and checks it
-  (``WeightArena(read_before_load=True)``, sequential readahead, every page read
+  (``WeightArena.load_or_build(read_first_max_bytes=)``, sequential readahead, every page read
   once by the CPU in the copy), then the warm touches one 64-byte line per cached
   page and ``MADV_POPULATE_READ`` maps them;
 * no warm: the experts fault in on demand;

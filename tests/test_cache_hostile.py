@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -233,3 +234,48 @@ def test_write_into_cache_tensor_is_private_not_a_segfault(tmp_path, load):
     assert m.cache_hit  # the file never saw the write
     if ref is not None:
         assert torch.equal(run(m), ref)
+
+
+# ---------------------------------------------------------------- forged sizes
+def _fnv1a64(data: bytes) -> int:
+    x = 1469598103934665603
+    for b in data:
+        x = ((x ^ b) * 1099511628211) & (2**64 - 1)
+    return x
+
+
+def forge_expert_count(path, experts: int) -> None:
+    """Rewrites a cache file's header to claim `experts` experts (a valid checksum; the file grown sparse to fit)."""
+    import struct
+
+    with open(path, "r+b") as f:
+        h = bytearray(f.read(4096))
+        offsets, cols = [], []
+        for t in range(2):  # tensor entries at 40: offset, rows, cols (int64 each), data checksum, reserved
+            off, _, col = struct.unpack_from("<qqq", h, 40 + 32 * t)
+            struct.pack_into("<q", h, 40 + 32 * t + 8, experts)
+            offsets.append(off)
+            cols.append(col)
+        struct.pack_into("<q", h, 296 + 32, experts)  # the key record at 296: tag, format, version, part, group, E
+        size = max(o + experts * c for o, c in zip(offsets, cols))
+        size = -(-size // (2 * MiB)) * (2 * MiB)
+        struct.pack_into("<q", h, 24, size)  # file_bytes
+        struct.pack_into("<Q", h, 16, 0)
+        struct.pack_into("<Q", h, 16, _fnv1a64(bytes(h)))
+        f.seek(0)
+        f.write(h)
+        f.truncate(size)
+
+
+def test_inspect_of_a_forged_expert_count_is_bounded_by_the_file(tmp_path):
+    """A header claiming 2^19 experts over a sparse file (13 GB): inspect stops at the first missing header."""
+    loaded(tmp_path)
+    forge_expert_count(tmp_path / FILE, 1 << 19)
+    t0 = time.monotonic()
+    (row,) = cache.inspect_dir(tmp_path)
+    seconds = time.monotonic() - t0
+    assert row["experts"] == 1 << 19 and not row["valid"]
+    assert row["reason"].startswith(f"corrupt: w13 expert {E} header"), row["reason"]
+    assert seconds < 2, f"inspect took {seconds:.1f} s: its work follows the header's claim"
+    m = loaded(tmp_path)
+    assert not m.cache_hit and reason(m).startswith("stale: experts is 524288"), reason(m)

@@ -123,3 +123,19 @@ def test_the_core_and_checkpoint_import_no_wing_and_sglang_no_hf():
             "bad = [m for m in sys.modules if m.startswith(('torch_ktmoe.hf', 'transformers', 'sglang'))]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_make_ktmoe_refuses_a_non_utf8_directory_naming_it(tmp_path):
+    from torch_ktmoe.checkpoint import make_ktmoe
+
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/experts\xff")  # what os.listdir / argv give for such a name
+    with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/experts\\xff' is not a valid UTF-8 path"):
+        make_ktmoe(E, K, H, I, mmap_experts_dir=bad)
+    with pytest.raises(ValueError, match="not a valid UTF-8 path"):
+        make_ktmoe(E, K, H, I, mmap_experts_dir=os.fsencode(bad))
+    assert not os.path.exists(bad)
+    ok = make_ktmoe(E, K, H, I, mmap_experts_dir=os.fsencode(tmp_path / "caché"))  # UTF-8 bytes are a path
+    assert ok.mmap_experts_dir == str(tmp_path / "caché") and os.path.isdir(ok.mmap_experts_dir)
+    from torch_ktmoe.checkpoint import utf8_path
+
+    assert utf8_path(tmp_path, "x") == str(tmp_path)

@@ -133,3 +133,17 @@ def test_errors():
         layer.load_expert(8, gate_up[0], down[0])
     with pytest.raises(ValueError, match="numa_parts must be in"):
         KTMoE(E, K, H, I, numa_parts=0)
+
+
+def test_deepcopy_shares_the_arenas_until_the_copy_reloads(tmp_path):
+    import copy
+
+    layer, _, _ = make_layer(mmap_experts_dir=tmp_path, numa_parts=2)
+    x = torch.randn(3, H)
+    ids, w = random_routing(3, E, K)
+    before, arenas = layer(x, ids, w), list(layer.arenas)
+    twin = copy.deepcopy(layer)
+    assert list(twin.arenas) == arenas and twin.arenas is not layer.arenas  # shared arenas, own sequence
+    twin.load_weights(*random_experts(E, H, I, seed=1))  # the copy's reload replaces its own arenas only
+    assert list(layer.arenas) == arenas and not set(map(id, twin.arenas)) & set(map(id, arenas))
+    assert torch.equal(layer(x, ids, w), before)

@@ -11,16 +11,8 @@ import torch
 import torch_ktmoe
 from tests.helpers import random_experts, random_routing
 from torch_ktmoe import KTMoE, memory, ops
-from torch_ktmoe.layer_residency import Residency
 
 E, K, H, I = 8, 2, 256, 128
-
-
-@pytest.fixture(autouse=True)
-def _fresh_fit_answer():
-    Residency._file_experts_fit = True
-    yield
-    Residency._file_experts_fit = True
 
 
 def _subdir(path, name):
@@ -90,6 +82,25 @@ def test_auto_is_decided_again_after_a_reload(tmp_path, monkeypatch):
     gate_up, down = random_experts(E, H, I, seed=1)
     layer.load_weights(gate_up, down)  # more arena allocations: the process-wide answer is asked again
     assert layer.prefetching
+
+
+def test_each_model_keeps_its_own_read_ahead_decision(tmp_path, monkeypatch):
+    """One model's experts fit, another's do not: each keeps its decision, whichever was loaded last."""
+    fits = {"answer": True}
+    monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: fits["answer"])
+    small = _layer(directory=_subdir(tmp_path, "small"))
+    fits["answer"] = False
+    big = [_layer(directory=_subdir(tmp_path, "big"), layer_idx=0)]
+    assert big[0].prefetching and not small.prefetching  # big loaded last: small keeps its own answer
+    fits["answer"] = True
+    small_1 = _layer(directory=tmp_path / "small", layer_idx=1)
+    assert not small.prefetching and not small_1.prefetching and big[0].prefetching
+    fits["answer"] = False
+    big.append(_layer(directory=tmp_path / "big", layer_idx=1))  # the model's last layer decides for the model
+    fits["answer"] = True
+    assert all(layer.prefetching for layer in big) and not small.prefetching
+    big.append(_layer(directory=tmp_path / "big", layer_idx=2))
+    assert not any(layer.prefetching for layer in big)
 
 
 @pytest.mark.parametrize("bad", ["on", 1, None, "true"])

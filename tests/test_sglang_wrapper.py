@@ -211,3 +211,67 @@ def test_launcher_takes_the_flag_off_the_command_line():
     assert split_flag(["--model-path", "m"]) == (["--model-path", "m"], None)
     with pytest.raises(SystemExit, match="needs a directory"):
         split_flag(["--kt-mmap-experts-dir"])
+
+
+def test_physical_to_logical_map_is_checked_slot_by_slot(tmp_path):
+    gate_up, down = _experts()
+    path = _write(tmp_path, "fused", gate_up, down)
+    negative = torch.tensor([0, 1, 2, -3, 4, 5])  # fused rows: -3 would be expert E-3
+    slot_msg = r"CPU slot 1 \(physical expert 3\) maps to logical expert -3, outside \[0, num_experts=6\)"
+    with pytest.raises(ValueError, match=slot_msg):
+        _wrapper(path).load_weights(negative)
+    with pytest.raises(ValueError, match=slot_msg):
+        _wrapper(path).load_weights_from_tensors(gate_up[:, :I], gate_up[:, I:], down, negative)
+    with pytest.raises(ValueError, match=r"CPU slot 0 \(physical expert 2\) maps to logical expert 6.*3 more"):
+        _wrapper(path).load_weights(torch.arange(E) + 4)
+    with pytest.raises(TypeError, match="must hold integer expert ids, got dtype torch.float32"):
+        _wrapper(path).load_weights(torch.arange(E, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"must be 1-D \[num_physical_experts\], got shape \(2, 3\)"):
+        _wrapper(path).load_weights(torch.arange(E).reshape(2, 3))
+    with pytest.raises(ValueError, match="has 5 entries, fewer than num_experts=6"):
+        _wrapper(path).load_weights(list(range(5)))
+    wr = _wrapper(path)
+    wr.load_weights([0, 1, 5, 4, 3, 2])  # a list of ints is a map too
+    x, ids, w = _routing(6)
+    ref = _ref(gate_up[[0, 1, 5, 4, 3, 2]], down[[0, 1, 5, 4, 3, 2]], x, ids, w, torch.arange(E) >= 2)
+    assert _rel(wr.forward(x, ids, w), ref) <= FORMAT_TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("cache_dir", [False, True])
+def test_nonfinite_weight_names_the_logical_expert_and_layer(tmp_path, cache_dir):
+    gate_up, down = _experts()
+    gate_up[4, 3, 5] = float("nan")
+    path = _write(tmp_path / "ckpt", "fused", gate_up, down)
+    perm = torch.tensor([0, 1, 4, 3, 2, 5])  # logical expert 4 is in physical slot 2: CPU slot 0
+    msg = r"logical expert 4 of layer 3 \(CPU slot 0, physical expert 2\) in .*ckpt has a non-finite weight"
+    with pytest.raises(RuntimeError, match=msg):
+        _wrapper(path, mmap_experts_dir=str(tmp_path / "experts") if cache_dir else "").load_weights(perm)
+    with pytest.raises(RuntimeError, match=r"logical expert 4 of layer 3 \(CPU slot 0, physical expert 2\) in the "
+                                           "given tensors"):
+        _wrapper(path, mmap_experts_dir="").load_weights_from_tensors(gate_up[:, :I], gate_up[:, I:], down, perm)
+
+
+def test_zero_experts_per_token(tmp_path):
+    gate_up, down = _experts()
+    path = _write(tmp_path, "qwen", gate_up, down)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok=0 must be >= 1"):
+        KTMoEWrapper(L, E, 0, H, I, num_gpu_experts=2, weight_path=path, method="BF16")
+    wr = _wrapper(path)
+    wr.load_weights(None)
+    x, ids, w = _routing(5)
+    out = wr.forward(x, ids[:, :0], w[:, :0])  # no expert routed: nothing to add to the GPU's output
+    assert out.shape == x.shape and out.dtype == x.dtype and not out.any()
+
+
+def test_non_utf8_paths_are_refused_at_construction_naming_them(tmp_path, monkeypatch):
+    gate_up, down = _experts()
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/ckpt\xff")
+    _write(bad, "qwen", gate_up, down)
+    with pytest.raises(ValueError, match=r"weight_path \(--kt-weight-path\) b'.*/ckpt\\xff' is not a valid UTF-8"):
+        _wrapper(bad)
+    good = _write(tmp_path / "ckpt", "qwen", gate_up, down)
+    with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/experts\\xff' is not a valid UTF-8"):
+        _wrapper(good, mmap_experts_dir=os.fsdecode(os.fsencode(tmp_path) + b"/experts\xff"))
+    monkeypatch.setenv(MMAP_DIR_ENV, os.fsdecode(os.fsencode(tmp_path) + b"/env\xff"))
+    with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/env\\xff' is not a valid UTF-8"):
+        _wrapper(good)

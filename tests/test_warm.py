@@ -179,20 +179,21 @@ def test_read_file_through_cache(tmp_path):
         _C.WeightArena.read_file_through_cache(str(tmp_path / "fifo"))  # never blocks on a FIFO
 
 
-def test_read_before_load_maps_the_same_experts(tmp_path):
-    """WeightArena(read_before_load=True).load_cached reads the kept file first; same tensors, file unchanged."""
+def test_read_first_maps_the_same_experts(tmp_path):
+    """load_or_build(read_first_max_bytes=) reads the kept file first; same tensors, file unchanged."""
     layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
     layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
     key = layer._cache_key(0, layer.cache_fingerprint)
     path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
     digest = _file_digest(path)
     _evict(layer)
-    arena = WeightArena(tmp_path, "layer0000.part0", persistent=True, read_before_load=True)
-    reason, w13, w2 = arena.load_cached(key)
-    assert reason == "" and arena.resident_bytes() >= 0.99 * arena.stats()["file_backed_bytes"]
+    arena = WeightArena(tmp_path, "layer0000.part0", persistent=True)
+    w13, w2, hit, reason = arena.load_or_build(key, "reuse", read_first_max_bytes=1 << 40)
+    assert hit and reason == "valid" and arena.resident_bytes() >= 0.99 * arena.stats()["file_backed_bytes"]
     assert torch.equal(w13, layer.w13_0) and torch.equal(w2, layer.w2_0)
-    missing = WeightArena(tmp_path, "layer0009.part0", persistent=True, read_before_load=True)
-    assert missing.load_cached(key)[0] == "missing"  # reading first changes no answer
+    missing = WeightArena(tmp_path, "layer0009.part0", persistent=True)
+    assert missing.load_or_build(key, "reuse", read_first_max_bytes=1 << 40)[3] == "missing"  # no other answer
     del w13, w2, arena, layer
     gc.collect()
     assert _file_digest(path) == digest
+

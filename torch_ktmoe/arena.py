@@ -1,15 +1,21 @@
 """WeightArena: where packed expert weights live (anonymous or MAP_SHARED file)."""
-import os
-import stat
+import logging
 import warnings
 
 import torch
 
 from ._native import _C
+from .paths import utf8_path
+
+log = logging.getLogger("torch_ktmoe.cache")
 
 
 class ArenaFallbackWarning(UserWarning):
     """A file-backed arena had to use anonymous memory (the reason is the message)."""
+
+
+class CacheLockWarning(UserWarning):
+    """Another process held a cache file's lock past the deadline: the layer kept nothing (the message says which)."""
 
 
 class WeightArena(_C.WeightArena):
@@ -24,51 +30,42 @@ class WeightArena(_C.WeightArena):
     (:class:`ArenaFallbackWarning`) and ``stats()`` lists every reason.
 
     ``persistent=True`` creates no unnamed file: the file is a kept cache file,
-    built with ``begin_build()``/``commit_build()`` or mapped (copy on write) with
-    ``load_cached()`` (see :mod:`torch_ktmoe.cache`). A persistent arena refuses
-    a directory or cache file owned by another user or writable by others
-    (``cache_refusal`` says why; it then uses an unnamed file and keeps nothing)
-    unless ``trust_others=True``. Tensors mapped from a kept file are private
-    copy-on-write views: a write into one stays in this process (as anonymous
-    memory) and never reaches the file.
-
-    ``read_before_load=True`` makes ``load_cached()`` first read the kept file
-    with ``read()`` (when it fits in the memory headroom), before the load maps it
-    and checks every expert's header through the mapping. Those checks fault the
-    file in 2 MiB at a time, synchronously, and leave every page unread by the
-    CPU; read() instead streams it with readahead and reads each page once in the
-    copy, overlapping the two. For a warm-on-load (see ``prefault``), which needs
-    both anyway.
+    built or mapped (copy on write) by :meth:`load_or_build` (see
+    :mod:`torch_ktmoe.cache`). A persistent arena refuses a directory or cache
+    file owned by another user or writable by others (``cache_refusal`` says why;
+    it then uses an unnamed file and keeps nothing) unless ``trust_others=True``.
+    ``map_only=True`` (the cache's ``"map"`` policy) is persistent and creates no
+    file at all: it maps a valid kept file or holds nothing.
+    Tensors mapped from a kept file are private copy-on-write views: a write into
+    one stays in this process (as anonymous memory) and never reaches the file.
 
     Memory lives as long as any tensor allocated from the arena.
     """
 
     def __init__(self, dir=None, name: str = "arena", *, hugepage: bool = True, numa_node: int = -1,
-                 persistent: bool = False, trust_others: bool = False, read_before_load: bool = False):
-        super().__init__(os.fspath(dir) if dir is not None else "", name, hugepage, numa_node, persistent,
-                         trust_others)
-        self.read_before_load = bool(read_before_load)
+                 persistent: bool = False, trust_others: bool = False, map_only: bool = False):
+        super().__init__(utf8_path(dir, "WeightArena: dir") if dir is not None else "", name, hugepage, numa_node,
+                         persistent, trust_others, map_only)
 
-    def load_cached(self, key, verify_data: bool = False):
-        """``(reason, w13, w2)``: the kept cache file mapped copy-on-write, or why not (see the class)."""
-        if self.read_before_load and not self.cache_refusal and not self.open_error:
-            self._read_cache_file()
-        return super().load_cached(key, verify_data)
+    def load_or_build(self, key, policy: str, verify: str = "header", build=None, *, read_first_max_bytes: int = 0):
+        """Validate-or-build this arena's kept file in one call; ``(w13, w2, hit, reason)``.
 
-    def _read_cache_file(self) -> None:
-        from .memory import memory_headroom_bytes
-
-        path = os.path.join(self.dir, self.name + _C.cache_suffix())
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            return  # missing: the load says so
-        if not stat.S_ISREG(st.st_mode) or st.st_size > memory_headroom_bytes():
-            return  # not a file the load will map, or reading it would evict others
-        try:
-            _C.WeightArena.read_file_through_cache(path)
-        except RuntimeError:
-            pass  # the load's own checks report what is wrong with the file
+        The protocol is C++'s (``csrc/arena/cache_protocol.h``): under the file's
+        lock (``policy`` ``"reuse"`` / ``"rebuild"``) stale temp files are removed,
+        a valid kept file is mapped (``"reuse"``), else ``build()`` packs into this
+        arena and returns ``(w13, w2)``, and the file is committed. ``build=None``
+        loads only (``(None, None, False, reason)`` on a miss). ``"map"`` only maps
+        (no lock, nothing created or deleted). ``verify="full"`` also compares the
+        data checksums. ``read_first_max_bytes``: read a kept file of at most that
+        size with ``read()`` before mapping it. Log lines go to the
+        ``torch_ktmoe.cache`` logger; a lock held past its deadline
+        (``KTMOE_CACHE_LOCK_WAIT`` seconds, default 5) warns (:class:`CacheLockWarning`).
+        """
+        hit, reason, w13, w2, warning = super().load_or_build(key, policy, verify == "full", build,
+                                                             int(read_first_max_bytes), log.log)
+        if warning:
+            warnings.warn(warning, CacheLockWarning, stacklevel=2)
+        return w13, w2, hit, reason
 
     def empty(self, *sizes) -> torch.Tensor:
         """A uint8 tensor of ``sizes`` in arena memory (thread-safe)."""

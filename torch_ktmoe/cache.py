@@ -1,4 +1,4 @@
-"""The persistent packed cache: policies, source fingerprints, the build lock, inspection.
+"""The persistent packed cache: policies, source fingerprints, inspection.
 
 A layer part's packed experts can be kept in ``<dir>/<name>.ktmoe`` (a 4 KiB
 validated header, then 2 MiB-aligned slices; format in ``csrc/arena/cache_file.h``)
@@ -11,7 +11,11 @@ Policies (``KTMoE(cache=...)``, ``patch_model``, ``from_pretrained``):
   foreign, stale or corrupt one is rebuilt (the reason is logged at INFO on the
   ``torch_ktmoe.cache`` logger and kept in ``KTMoE.cache_events``);
 * ``"rebuild"``: always pack and replace the file;
-* ``"off"``: an unnamed file that disappears with the process (nothing persists).
+* ``"off"``: an unnamed file that disappears with the process (nothing persists);
+* ``"map"``: read-only, for a directory of packed files received as a model: map
+  valid files only; no lock file, no cleanup, nothing is created, written or
+  deleted; a missing or invalid file is a miss whose reason names the file
+  (``KTMoE.try_load_cached`` is then False) and nothing is packed.
 
 Verification (``KTMoE(verify=...)``): ``"header"`` (default, instant) checks the
 file header, the file's size and every expert's packed header against the
@@ -24,25 +28,26 @@ writable by others is refused (reason ``untrusted: ...``; the layer then uses an
 unnamed file and keeps nothing) unless ``cache_trust_others=True``.
 
 A build writes ``<name>.ktmoe.tmp.<pid>``, writes the header last, fsyncs and
-renames it over the final name, then fsyncs the directory. Validate-or-build
-runs under ``flock`` on ``<name>.ktmoe.lock`` (``_C.CacheLock``), so processes
-starting together on one directory build each file once and never see a
-half-written one.
+renames it over the final name, then fsyncs the directory. Validate-or-build is
+one C++ call per file (``WeightArena.load_or_build``, ``csrc/arena/cache_protocol.h``)
+that runs under ``flock`` on ``<name>.ktmoe.lock`` (created 0600, refused when
+another user owns it), so processes starting together on one directory build
+each file once and never see a half-written one. The lock is waited for at most
+``KTMOE_CACHE_LOCK_WAIT`` seconds (default 5): past that (another process, even a
+stopped one, holds it) the layer packs into an unnamed file, keeps nothing, says
+so in ``cache_events`` (``lock busy: ...``) and warns (``CacheLockWarning``).
 """
-import contextlib
 import hashlib
-import logging
 import os
-from typing import Iterable, List, Optional
+from typing import Iterable, List
 
 import torch
 
 from ._native import _C
 
-CACHE_POLICIES = ("reuse", "rebuild", "off")
+CACHE_POLICIES = ("reuse", "rebuild", "off", "map")
 VERIFY_LEVELS = ("header", "full")
 CACHE_SUFFIX = _C.cache_suffix()  # file names are spelled in C++ (csrc/arena/cache_file.h)
-log = logging.getLogger("torch_ktmoe.cache")
 
 
 def check_policy(cache: str) -> str:
@@ -68,34 +73,10 @@ def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
     return "tensors:blake2b:" + h.hexdigest()
 
 
-def checkpoint_fingerprint(path: str, extra: str = "") -> str:
-    """``blake2b`` of a checkpoint directory's file names, sizes and mtimes (plus ``extra``).
-
-    Cheap (no weight is read); any rewritten shard changes it.
-    """
-    h = hashlib.blake2b(digest_size=20)
-    for name in sorted(os.listdir(path)):
-        if name.endswith((".safetensors", ".json")):
-            st = os.stat(os.path.join(path, name))
-            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    h.update(extra.encode())
-    return "checkpoint:blake2b:" + h.hexdigest()
-
-
 def layer_fingerprint(source: str, module_name: str) -> str:
     """``source|module_name``, hashed when longer than the header's 256 bytes."""
     fp = f"{source}|{module_name}"
     return fp if len(fp) <= 256 else "layer:blake2b:" + hashlib.blake2b(fp.encode(), digest_size=20).hexdigest()
-
-
-def parse_name(file_name: str):
-    """(layer, part) of ``layer0003.part1.ktmoe``, or (None, None)."""
-    stem = file_name[: -len(CACHE_SUFFIX)] if file_name.endswith(CACHE_SUFFIX) else file_name
-    try:
-        layer, part = stem.split(".")
-        return int(layer[len("layer"):]), int(part[len("part"):])
-    except ValueError:
-        return None, None
 
 
 def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
@@ -115,7 +96,7 @@ def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
             info = {"path": os.path.join(directory, name), "file_bytes": 0, "valid": False,
                     "reason": f"unreadable: {type(e).__name__}: {e}", "resident_bytes": -1}
         info["name"] = name
-        info["layer"], info["part"] = parse_name(name)
+        info["layer"], info["part"] = _C.parse_cache_arena_name(name) if name.isascii() else (None, None)
         out.append(info)
     return out
 
@@ -123,54 +104,3 @@ def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
 def leftover_temp_files(directory: str) -> List[str]:
     """Temporary build files (``*.ktmoe.tmp.<pid>``) in ``directory``."""
     return list(_C.cache_temp_files(os.fspath(directory)))
-
-
-def load_or_build(arena, key, policy: str, build, events: Optional[list] = None, verify: str = "header"):
-    """Validate-or-build one arena's cache file under its lock.
-
-    ``build(arena)`` packs into the arena and returns ``(w13, w2)``; it is not
-    called on a cache hit. Returns ``(w13, w2, hit)``; ``build=None`` returns
-    ``(None, None, False)`` on a miss. Appends ``{name, hit, reason}`` to events.
-    A hostile lock path or an untrusted directory makes the arena refuse the
-    cache: ``build`` then packs into an unnamed file and nothing is kept.
-    """
-    # An untrusted directory gets no lock file either: nothing is created under a name there.
-    with contextlib.nullcontext() if arena.cache_refusal else _C.CacheLock(arena.dir, arena.name) as lock:
-        if lock is not None and lock.refused:
-            arena.refuse_cache(lock.refused)
-        if lock is not None and lock.locked:  # builds run under this lock: a temp file of this name is a crash's
-            _remove_stale_temp_files(arena.dir, arena.name)
-        refusal = arena.cache_refusal
-        reason = refusal or "cache='rebuild'"
-        if policy == "reuse" and not refusal:
-            reason, w13, w2 = arena.load_cached(key, verify == "full")
-            if not reason:
-                _record(events, arena.name, True, "valid")
-                return w13, w2, True
-        if build is None:
-            _record(events, arena.name, False, reason)
-            return None, None, False
-        log.info("ktmoe cache: building %s in %s (%s)", arena.name, arena.dir, reason)
-        error = "" if refusal else arena.begin_build()
-        if error:
-            log.info("ktmoe cache: %s cannot be kept: %s", arena.name, error)
-        try:
-            w13, w2 = build(arena)
-            if not error and not refusal:
-                error = arena.commit_build(w13, w2, key)
-                if error:
-                    log.warning("ktmoe cache: %s was not kept: %s", arena.name, error)
-        finally:
-            arena.abort_build()  # no-op after a commit
-        _record(events, arena.name, False, reason if not error else f"{reason}; not kept: {error}")
-        return w13, w2, False
-
-
-def _remove_stale_temp_files(directory: str, name: str) -> None:
-    for n in _C.remove_stale_temp_files(directory, name):
-        log.info("ktmoe cache: removed %s, left by a build that did not finish", n)
-
-
-def _record(events, name, hit, reason):
-    if events is not None:
-        events.append({"name": name, "hit": hit, "reason": reason})

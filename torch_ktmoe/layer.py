@@ -1,24 +1,22 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
-(warm and read-ahead: layer_residency.py; copy and pickle: layer_copies.py)."""
-import os
+(its arenas: layer_arenas.py; the read-ahead decision: memory.py; copy and pickle: layer_copies.py)."""
 from typing import List, Optional, Union
 
 import torch
 from torch import nn
 
 from . import cache as _cache
-from . import ops
+from . import layer_copies, memory, ops
 from ._native import _C
-from .arena import WeightArena
-from .layer_copies import Copies
-from .layer_residency import Residency
+from .layer_arenas import LayerArenas
+from .paths import utf8_path
 
 
 WARM_MODES = ("none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
 
 
-class KTMoE(Residency, Copies, nn.Module):
+class KTMoE(nn.Module):
     """The routed experts of one MoE layer, run by ``torch.ops.ktmoe.moe_forward``.
 
     Args:
@@ -45,8 +43,11 @@ class KTMoE(Residency, Copies, nn.Module):
             experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
             file for the same weights exists, maps it (copy on write) instead of
             packing; ``"rebuild"`` always packs and replaces the files; ``"off"``
-            uses unnamed files that vanish with the process. Ignored without a
-            directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
+            uses unnamed files that vanish with the process; ``"map"`` only maps
+            valid kept files, read-only (no lock file, no cleanup, nothing
+            created, written or deleted in the directory; :meth:`try_load_cached`
+            is the only load, and a missing or invalid file is named in
+            :attr:`cache_events`). Ignored without a directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
             :attr:`cache_events` tell what happened at the last load.
         verify: how a kept cache file is checked before it is mapped:
             ``"header"`` (default, instant: file header, size and every
@@ -67,8 +68,10 @@ class KTMoE(Residency, Copies, nn.Module):
             experts are file-backed and all live arenas' file-backed experts do
             not fit in RAM (or the memory cgroup) together
             (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`), asked again
-            at the end of each such layer's load (so the last layer loaded
-            decides for all); ``True`` / ``False`` force it.
+            at the end of each such layer's load and shared by the layers of one
+            directory (:class:`torch_ktmoe.memory.ReadAhead`: the last layer of a
+            model loaded decides for the model; another model keeps its own
+            decision); ``True`` / ``False`` force it.
             Outputs are the same either way.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
@@ -116,18 +119,21 @@ class KTMoE(Residency, Copies, nn.Module):
         self.warm_mode = warm
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
+        self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
-        self.mmap_experts_dir = os.fspath(mmap_experts_dir) if mmap_experts_dir is not None else None
+        self.mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir") if mmap_experts_dir is not None else None
         if cache is not None:
             _cache.check_policy(cache)
         self.cache = "off" if self.mmap_experts_dir is None else (cache or "reuse")
         self.verify, self.cache_trust_others = _cache.check_verify(verify), bool(cache_trust_others)
         self.cache_events: List[dict] = []  # last load: {name, hit, reason} per part
         self.cache_fingerprint: Optional[str] = None  # the fingerprint of the last load (pickling by file)
-        self._hugepage, self._nodes = hugepage, nodes
+        self._hugepage = hugepage
         # Intermediate columns [bounds[p], bounds[p+1]) belong to part p.
         self._bounds = [intermediate_size * p // parts for p in range(parts + 1)]
-        self.arenas = [self._make_arena(p) for p in range(parts)]
+        self.arenas = LayerArenas(self.mmap_experts_dir, self.layer_idx, parts, hugepage=hugepage, nodes=nodes,
+                                  policy=self.cache, trust_others=self.cache_trust_others,
+                                  read_first=warm == "blocking")
         for p in range(parts):
             self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
@@ -149,8 +155,8 @@ class KTMoE(Residency, Copies, nn.Module):
                      down_bias: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
-        ``fingerprint`` names the source of the weights for the cache (e.g. the
-        checkpoint files' names, sizes and mtimes); by default, with a cache, it
+        ``fingerprint`` names the source of the weights for the cache (e.g.
+        :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
         is a hash of the tensors' bytes. A valid cache file skips packing.
         ``gate_up_bias`` / ``down_bias``: see :meth:`set_biases`.
         """
@@ -212,16 +218,17 @@ class KTMoE(Residency, Copies, nn.Module):
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.
 
         True: the layer is loaded (packing skipped). False (no directory, policy
-        not ``"reuse"``, or some part missing/invalid): nothing is loaded; load the
-        weights as usual (valid parts are then still reused).
+        not ``"reuse"`` or ``"map"``, or some part missing/invalid: its event's
+        reason says why, naming the file under ``"map"``): nothing is loaded; load
+        the weights as usual (valid parts are then still reused).
         """
         self.cache_events = []
-        if self.cache != "reuse":
+        if self.cache not in ("reuse", "map"):
             return False
         mapped = []
         for p in range(self.numa_parts):
-            w13, w2, hit = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
-                                                "reuse", None, self.cache_events, self.verify)
+            w13, w2, hit = self.arenas.load_or_build(p, self._cache_key(p, fingerprint), self.cache, self.verify,
+                                                     events=self.cache_events)
             if not hit:
                 return False
             mapped.append((w13, w2))
@@ -242,28 +249,20 @@ class KTMoE(Residency, Copies, nn.Module):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
 
-    def _make_arena(self, p: int) -> WeightArena:
-        return WeightArena(self.mmap_experts_dir, f"layer{self.layer_idx:04d}.part{p}", hugepage=self._hugepage,
-                           numa_node=p % self._nodes if self._nodes > 1 else -1, persistent=self.cache != "off",
-                           trust_others=self.cache_trust_others,
-                           read_before_load=self.warm_mode == "blocking")  # reads a kept file once, at disk speed
-
-    def _fresh_arena(self, p: int) -> WeightArena:
-        # A cache file is built or mapped by a new arena; tensors of an earlier load keep theirs alive.
-        self.arenas[p] = self._make_arena(p)
-        return self.arenas[p]
-
     def _fingerprint(self, given: Optional[str], *tensors: torch.Tensor) -> Optional[str]:
         if self.cache == "off":
             return None
         return given if given is not None else _cache.tensors_fingerprint(tensors)
 
     def _cache_key(self, p: int, fingerprint: str):
-        return _C.cache_key(self.weight_format, self.group_size, self.num_experts, self.hidden_size,
+        return _C.packed_cache_key(self.weight_format, self.group_size, self.num_experts, self.hidden_size,
                             self.intermediate_size, self._bounds[p], self._bounds[p + 1], p, fingerprint)
 
     def _pack(self, gate, up, down, fingerprint: Optional[str] = None):
         self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
+        if self.cache == "map":
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): cache='map' only maps kept files "
+                             f"(try_load_cached); it never packs weights into {self.mmap_experts_dir}")
         self.cache_events = []
         with torch.no_grad():
             for p in range(self.numa_parts):
@@ -276,17 +275,58 @@ class KTMoE(Residency, Copies, nn.Module):
                 if self.cache == "off":
                     w13, w2 = build(self.arenas[p])
                 else:
-                    w13, w2, _ = _cache.load_or_build(self._fresh_arena(p), self._cache_key(p, fingerprint),
-                                                      self.cache, build, self.cache_events, self.verify)
+                    w13, w2, _ = self.arenas.load_or_build(p, self._cache_key(p, fingerprint), self.cache,
+                                                           self.verify, build, self.cache_events)
                 setattr(self, f"w13_{p}", w13)
                 setattr(self, f"w2_{p}", w2)
         self.cache_fingerprint = fingerprint
         self._after_load()
 
     def _after_load(self):
-        self._decide_prefetch()
+        self._auto_prefetch = self.prefetch_mode == "auto" and self.arenas.file_backed
+        if self._auto_prefetch:  # asked again at each load of the model's layers: the last sees the whole model
+            self.read_ahead = memory.model_read_ahead(self.mmap_experts_dir)
+            self.read_ahead.decide()
         if self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
+
+    # ---------------------------------------------------------------- residency
+    def warm(self, wait: bool = True) -> bool:
+        """Prefault this layer's expert files so the first forward runs at steady speed.
+
+        Pages not in the page cache are read with ``read()`` (sequential
+        readahead in large folios); pages already cached are read once through
+        the mapping (on a VM that hands free memory back to its host, the first
+        CPU access to a page the disk filled costs microseconds, which would
+        otherwise land in the first forwards); then ``MADV_POPULATE_READ``
+        (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
+        them. ``wait=False`` returns at once and reads on one background thread
+        per arena (joined when the arena goes).
+
+        When the experts do not fit in RAM, reading all of them would evict the
+        hot experts (and anything else) to bring in cold ones, which is worse than
+        faulting on demand. So warm reads only when the bytes still missing fit in
+        the memory headroom (``MemAvailable``, or the memory cgroup's, see
+        :func:`torch_ktmoe.memory.memory_headroom_bytes`); otherwise it skips the
+        whole layer with a :class:`ResourceWarning` and returns False (experts
+        then fault in on first use, as without warm). Anonymous experts are
+        always resident: returns True at once.
+        """
+        return self.arenas.warm(wait)
+
+    def join_warm(self) -> None:
+        """Waits for a background :meth:`warm` to finish."""
+        self.arenas.join_warm()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of this layer's packed experts in RAM (``mincore`` over its files)."""
+        return self.arenas.resident_bytes
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether forwards read ahead the routed experts now (``prefetch`` resolved)."""
+        return self.prefetch_mode is True or (self._auto_prefetch and not self.read_ahead.file_experts_fit)
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
@@ -329,6 +369,12 @@ class KTMoE(Residency, Copies, nn.Module):
             gate_up = torch.cat([h[0] for h in halves] + [h[1] for h in halves], 1)
         return gate_up, self._buffers["b2_0"]
 
+    def __deepcopy__(self, memo):
+        return layer_copies.deepcopy_layer(self, memo)
+
+    def __reduce__(self):
+        return layer_copies.reduce_layer(self)
+
     def _constructor_kwargs(self) -> dict:
         return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.hidden_size,
                     intermediate_size=self.intermediate_size, weight_format=self.weight_format,
@@ -346,11 +392,11 @@ class KTMoE(Residency, Copies, nn.Module):
 
     @property
     def file_backed_bytes(self) -> int:
-        return sum(a.stats()["file_backed_bytes"] for a in self.arenas)
+        return self.arenas.file_backed_bytes
 
     def arena_stats(self) -> List[dict]:
         """Per NUMA part: allocations, file_backed_bytes, anon_bytes, fallbacks, reasons."""
-        return [dict(a.stats(), name=a.name, dir=a.dir, file_mode=a.file_mode) for a in self.arenas]
+        return self.arenas.stats()
 
     def extra_repr(self) -> str:
         if self.mmap_experts_dir is None:

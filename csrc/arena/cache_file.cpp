@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -145,6 +146,26 @@ std::string cache_tmp_path(const std::string& dir, const std::string& name) {
 }
 std::string cache_lock_path(const std::string& dir, const std::string& name) {
   return cache_file_path(dir, name) + ".lock";
+}
+
+std::string cache_arena_name(int64_t layer, int64_t part) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "layer%04lld.part%lld", static_cast<long long>(layer), static_cast<long long>(part));
+  return buf;
+}
+
+bool parse_cache_arena_name(const std::string& name, int64_t* layer, int64_t* part) {
+  std::string stem = name;
+  const size_t n = std::strlen(kCacheSuffix);
+  if (stem.size() > n && stem.compare(stem.size() - n, n, kCacheSuffix) == 0) stem.resize(stem.size() - n);
+  long long l = 0, p = 0;
+  int used = 0;
+  if (std::sscanf(stem.c_str(), "layer%lld.part%lld%n", &l, &p, &used) != 2 || size_t(used) != stem.size() ||
+      l < 0 || p < 0 || cache_arena_name(l, p) != stem)
+    return false;
+  *layer = l;
+  *part = p;
+  return true;
 }
 
 std::vector<std::string> cache_temp_files(const std::string& dir, const std::string& name) {

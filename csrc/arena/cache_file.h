@@ -97,11 +97,17 @@ int open_regular_file(const std::string& path, std::string* error);
 std::string check_trusted(const struct stat& st, const std::string& what, bool trust_others);
 
 // The names of an arena's files; this is the one place that spells them:
-// `<name>.ktmoe` (kept), `<name>.ktmoe.tmp.<pid>` (a build), `<name>.ktmoe.lock`.
+// `<name>.ktmoe` (kept), `<name>.ktmoe.tmp.<pid>` (a build), `<name>.ktmoe.lock`,
+// and the names of a layer's arenas.
 constexpr char kCacheSuffix[] = ".ktmoe";
 std::string cache_file_path(const std::string& dir, const std::string& name);
 std::string cache_tmp_path(const std::string& dir, const std::string& name);  // .tmp.<pid>
 std::string cache_lock_path(const std::string& dir, const std::string& name);
+
+// The arena name of a layer's NUMA part, `layer0003.part1`, and back from a
+// name or file name (`layer0003.part1.ktmoe`): false when it is not one.
+std::string cache_arena_name(int64_t layer, int64_t part);
+bool parse_cache_arena_name(const std::string& name, int64_t* layer, int64_t* part);
 
 // Names of the temporary build files in dir (of arena `name`; all when empty), sorted.
 std::vector<std::string> cache_temp_files(const std::string& dir, const std::string& name);

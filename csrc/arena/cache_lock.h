@@ -1,24 +1,36 @@
 // [NOTE] CacheLock: the lock that serialises validate-or-build of one cache file
 // between processes (flock LOCK_EX on `<dir>/<name>.ktmoe.lock`), RAII.
 //
-// The lock file is opened with O_NOFOLLOW | O_NONBLOCK and must be a regular
-// file: a symlink planted at the lock path is never followed (no file is
-// created where it points) and a FIFO never blocks. Outcomes:
+// The lock file is created mode 0600, opened with O_NOFOLLOW | O_NONBLOCK and
+// must be a regular file owned by this user and not writable by others (the
+// trust rule of cache files, check_trusted; trust_others skips it): a symlink
+// planted at the lock path is never followed, a FIFO never blocks, and a lock
+// file another user made is not used. The flock is tried with LOCK_NB until a
+// deadline (wait_seconds), so no other process, running or stopped, can make a
+// load wait longer. Outcomes of acquire():
 //   locked()             the lock is held until destruction (or release());
-//   refused() non-empty  the path is hostile (symlink, not a regular file): the
-//                        caller must not keep or map a cache file under this name;
+//   refused() non-empty  the path is hostile (symlink, not a regular file, not
+//                        ours): the caller must not keep or map a cache file
+//                        under this name;
+//   busy() non-empty     another process held the lock past the deadline: the
+//                        caller must not keep or map the file either (it may be
+//                        half built);
 //   otherwise            no lock file could be made (missing or read-only
 //                        directory): there is nothing to protect, as the arena
-//                        falls back too. error() says why.
-// Torch-free; acquire() blocks (call it without the GIL).
+//                        falls back too.
+// Torch-free; acquire() may sleep up to wait_seconds (call it without the GIL).
 #pragma once
 #include <string>
 
 namespace ktmoe {
 
+// Seconds a load waits for another process's lock: $KTMOE_CACHE_LOCK_WAIT if it
+// is a number >= 0, else 5.
+double cache_lock_wait_seconds();
+
 class CacheLock {
  public:
-  CacheLock(std::string dir, std::string name);
+  CacheLock(std::string dir, std::string name, bool trust_others, double wait_seconds);
   ~CacheLock();
   CacheLock(const CacheLock&) = delete;
   CacheLock& operator=(const CacheLock&) = delete;
@@ -27,11 +39,13 @@ class CacheLock {
   void release();  // closes (drops the lock); idempotent
   bool locked() const { return fd_ >= 0; }
   const std::string& refused() const { return refused_; }
-  const std::string& error() const { return error_; }
-  const std::string& path() const { return path_; }
+  const std::string& busy() const { return busy_; }
 
  private:
-  std::string path_, refused_, error_;
+  bool open_checked();  // fd_ = the trusted lock file, or refused_ / nothing
+  std::string path_, refused_, busy_;
+  bool trust_others_;
+  double wait_seconds_;
   int fd_ = -1;
 };
 

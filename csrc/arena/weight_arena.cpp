@@ -99,7 +99,7 @@ void KtWeightArena::open_file() {
     struct stat st;
     if (::stat(dir_.c_str(), &st) == 0)
       cache_refusal_ = check_trusted(st, "directory '" + dir_ + "'", options_.trust_others);
-    if (cache_refusal_.empty()) return;  // the file comes from begin_build() / open_cached()
+    if (cache_refusal_.empty() || options_.map_only) return;  // the file comes from begin_build() / open_cached()
   }
   open_unnamed_file();
 }
@@ -110,7 +110,7 @@ void KtWeightArena::refuse_cache(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!cache_refusal_.empty() || anonymous_mode()) return;
   cache_refusal_ = reason;
-  if (!file_.valid() && open_error_.empty() && !holds_memory()) open_unnamed_file();
+  if (!file_.valid() && open_error_.empty() && !holds_memory() && !options_.map_only) open_unnamed_file();
 }
 
 std::string KtWeightArena::cache_refusal() const {

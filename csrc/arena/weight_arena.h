@@ -28,13 +28,16 @@
 // remove an uncommitted temp file). open_cached() instead validates an existing
 // `<name>.ktmoe` against a CacheKey (tensor shapes + opaque key bytes the caller
 // judges; the arena knows nothing of MoE), runs the caller's check of the mapped
-// contents and, on request, the data checksums, and maps its tensors. Locking
-// between processes is the caller's (CacheLock, cache_lock.h).
+// contents and, on request, the data checksums, and maps its tensors. The
+// protocol around them (lock between processes, stale temp files, which to call
+// when) is load_or_build_cache (cache_protocol.h).
 // Trust: a persistent arena never follows a symlink or opens a non-regular
 // file, and refuses a directory or cache file owned by another user or writable
 // by others (unless options.trust_others); a refused directory, or
 // refuse_cache(reason), turns the arena into an unnamed-file arena: still
 // file-backed, nothing kept, every cache call answers with the reason.
+// options.map_only (the cache's read-only "map" policy) creates no file at
+// all, not even an unnamed one: it maps a kept file or nothing.
 // Kept files are mapped MAP_PRIVATE, PROT_READ|PROT_WRITE: reads share the
 // clean page cache, a write into a tensor copies that page privately (it
 // becomes anonymous memory) and never reaches the file. Truncating the file
@@ -46,7 +49,8 @@
 //
 // Parts: BackingFile (backing_file.h) owns the file (create, reserve, write
 // back, keep atomically); MappedSlice (mapped_slice.h) owns each mapping;
-// cache_file.h the kept file's header and safe opening; cache_lock.h the lock;
+// cache_file.h the kept file's header, names and safe opening; cache_lock.h the
+// lock; cache_protocol.h validate-or-build;
 // numa_first_touch.h the placement; weight_arena_residency.cpp the residency
 // helpers (mincore, evict, prefault); weight_arena_cache.cpp persistence.
 // Lifetime: the arena owns its slices until destruction (munmap / free, close).
@@ -90,6 +94,7 @@ struct ArenaOptions {
   int numa_node = -1;      // first-touch node; -1: none
   bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
   bool trust_others = false; // accept cache files/dirs of other users or writable by others
+  bool map_only = false;   // persistent, and never creates a file: no build, no unnamed file on a refusal
 };
 
 // Bytes of the file at `path` in the page cache (mincore over a read-only map);
@@ -185,6 +190,7 @@ class KtWeightArena {
   bool anonymous_mode() const { return dir_.empty(); }
   const std::string& dir() const { return dir_; }
   const std::string& name() const { return name_; }
+  const ArenaOptions& options() const { return options_; }
   std::string open_error() const { return open_error_; }  // why file mode is off
   int64_t file_bytes() const;                              // bytes reserved in the file
   ArenaStats stats() const;
@@ -192,7 +198,7 @@ class KtWeightArena {
   static ProcessArenaStats process_stats();
   // Every live arena, oldest first (a weak list: it keeps none alive).
   static std::vector<std::shared_ptr<KtWeightArena>> live();
-  int64_t id() const { return id_; }  // creation order in this process
+  int64_t id() const { return id_; }  // creation order in this process (live()'s order)
 
  private:
   KtWeightArena(std::string dir, std::string name, const ArenaOptions& options);

@@ -16,7 +16,8 @@
 //         content check (the ops layer: every packed expert header) and, with
 //         verify_data, compares every tensor's data checksum. Nothing is written;
 //         the pages are clean page cache from the first fault on.
-// The flock that serialises validate-or-build between processes is the caller's.
+// The lock that serialises validate-or-build between processes, and the order
+// of these calls, are load_or_build_cache's (cache_protocol.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -33,8 +34,8 @@ namespace ktmoe {
 
 bool KtWeightArena::begin_build(std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!options_.persistent) {
-    *error = "begin_build: arena '" + name_ + "' is not persistent";
+  if (!options_.persistent || options_.map_only) {
+    *error = "begin_build: arena '" + name_ + "' is " + (options_.map_only ? "map-only" : "not persistent");
     return false;
   }
   if (!open_error_.empty() || !cache_refusal_.empty()) {

@@ -44,7 +44,7 @@
 //   skips it when the file does not fit in the memory headroom: warming more
 //   than RAM would evict the hot set to read cold experts).
 // read_file_through_cache(): the same read() pass over a whole file by path,
-//   before anything maps it (see torch_ktmoe.arena.WeightArena.load_cached).
+//   before anything maps it (the read-first step of cache_protocol.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <stdexcept>
+#include <tuple>
 
 #include "arena/cache_inspect.h"
 #include "arena/read_ahead.h"
@@ -71,18 +72,22 @@ std::string check_expert_headers(const PackedCacheKey& key, const std::vector<vo
       packed_matrix_header(format, MatrixRole::kGateUp, 2 * part_inter, key.hidden, key.group_size),
       packed_matrix_header(format, MatrixRole::kDown, key.hidden, part_inter, key.group_size)};
   const int64_t row_bytes[2] = {key.w13_bytes, key.w2_bytes};
-  // One page per header, each a disk read when the file is cold: queue them all first (asynchronous),
-  // so the checks below wait for reads in flight together, not one page fault after another.
-  for (int t = 0; t < 2; ++t)
-    for (int64_t e = 0; e < key.experts; ++e)
-      read_ahead(static_cast<const uint8_t*>(tensors[t]) + e * row_bytes[t], sizeof(PackedMatrixHeader));
+  // One page per header, each a disk read when the file is cold: a window of them is queued first
+  // (asynchronous), so the checks wait for reads in flight together, not one page fault after
+  // another. Window by window, so the work stops at the first bad header: a forged count of
+  // experts costs what the file holds, not what its header claims.
+  constexpr int64_t kWindow = 256;
   for (int t = 0; t < 2; ++t) {
-    for (int64_t e = 0; e < key.experts; ++e) {
-      const auto* h = reinterpret_cast<const PackedMatrixHeader*>(static_cast<const uint8_t*>(tensors[t]) +
-                                                                  e * row_bytes[t]);
-      if (std::string bad = compare_packed_header(*h, want[t]); !bad.empty())
-        return std::string("corrupt: ") + (t == 0 ? "w13" : "w2") + " expert " + std::to_string(e) +
-               " header: " + bad;
+    const auto* base = static_cast<const uint8_t*>(tensors[t]);
+    for (int64_t lo = 0; lo < key.experts; lo += kWindow) {
+      const int64_t hi = std::min(key.experts, lo + kWindow);
+      for (int64_t e = lo; e < hi; ++e) read_ahead(base + e * row_bytes[t], sizeof(PackedMatrixHeader));
+      for (int64_t e = lo; e < hi; ++e) {
+        const auto* h = reinterpret_cast<const PackedMatrixHeader*>(base + e * row_bytes[t]);
+        if (std::string bad = compare_packed_header(*h, want[t]); !bad.empty())
+          return std::string("corrupt: ") + (t == 0 ? "w13" : "w2") + " expert " + std::to_string(e) +
+                 " header: " + bad;
+      }
     }
   }
   return "";
@@ -178,8 +183,12 @@ PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_
   return key;
 }
 
-std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
-                              bool verify_data, at::Tensor* w13, at::Tensor* w2) {
+// "" and (w13, w2) viewing the arena's valid cache file, or why it is not usable.
+// Always checks every expert's packed header against the key (a forged field is
+// "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
+// data checksums (reads every byte).
+static std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                                     bool verify_data, at::Tensor* w13, at::Tensor* w2) {
   const CacheLoadChecks checks = load_checks(key);
   std::vector<void*> data;
   std::string reason = arena->open_cached(checks.expect, checks.check_key, checks.check_content, verify_data,
@@ -190,7 +199,8 @@ std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const
   return "";
 }
 
-std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+// Commits a build whose w13/w2 were packed into the arena; "" or the error.
+static std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
                                 const at::Tensor& w13, const at::Tensor& w2) {
   const at::Tensor* t[2] = {&w13, &w2};
   const int64_t cols[2] = {key.w13_bytes, key.w2_bytes};
@@ -202,6 +212,21 @@ std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, con
   std::string error;
   arena->commit_build(key.arena_key(), {w13.data_ptr(), w2.data_ptr()}, aten_parallel_for, &error);
   return error;
+}
+
+PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                                             const CacheRequest& request, bool verify_data, const PackExperts& pack,
+                                             const CacheLog& log) {
+  PackedCacheResult out;
+  const CacheLoad load = [&] { return load_packed_cache(arena, key, verify_data, &out.w13, &out.w2); };
+  CacheBuild build;
+  if (pack)
+    build = [&](bool keep) -> std::string {
+      std::tie(out.w13, out.w2) = pack();
+      return keep ? commit_packed_cache(arena, key, out.w13, out.w2) : "";
+    };
+  out.outcome = load_or_build_cache(*arena, request, load, build, log);
+  return out;
 }
 
 PackedCacheInspection inspect_packed_cache_file(const std::string& path, bool verify_data) {

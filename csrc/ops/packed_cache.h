@@ -16,6 +16,7 @@
 
 #include "arena/cache_file.h"
 #include "arena/cache_inspect.h"
+#include "arena/cache_protocol.h"
 #include "arena/weight_arena.h"
 
 namespace ktmoe {
@@ -45,16 +46,20 @@ PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_
                                 int64_t hidden, int64_t inter, int64_t inter_lo, int64_t inter_hi,
                                 int64_t numa_part, const std::string& fingerprint);
 
-// "" and (w13, w2) viewing the arena's valid cache file, or why it is not usable.
-// Always checks every expert's packed header against the key (a forged field is
-// "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
-// data checksums (reads every byte).
-std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
-                              bool verify_data, at::Tensor* w13, at::Tensor* w2);
-
-// Commits a build whose w13/w2 were packed into the arena; "" or the error.
-std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
-                                const at::Tensor& w13, const at::Tensor& w2);
+// One layer part's validate-or-build (arena/cache_protocol.h) with packed
+// experts. The load maps (w13, w2) copy-on-write from a valid kept file and
+// checks every expert's packed header against the key (a forged field is
+// "corrupt: w13 expert e header: <field> ..."; verify_data: the data checksums
+// too, reading every byte). The build is `pack` (it packs into the arena and
+// returns (w13, w2)), then its commit. `pack` empty: load only.
+using PackExperts = std::function<std::pair<at::Tensor, at::Tensor>()>;
+struct PackedCacheResult {
+  CacheOutcome outcome;
+  at::Tensor w13, w2;  // undefined after a miss without a build
+};
+PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+                                             const CacheRequest& request, bool verify_data, const PackExperts& pack,
+                                             const CacheLog& log);
 
 // What `inspect` shows of the cache file at `path`: arena/cache_inspect.h's
 // inspection (header, validity, residency) with the stored key decoded as a

@@ -1,5 +1,5 @@
 // Parsing and naming of weight formats at the ATen boundary (the rows of
-// kernels/weight_formats.h; python_formats.cpp exports the table itself).
+// kernels/weight_formats.h; bind_formats.cpp exports the table itself).
 #pragma once
 #include <string>
 

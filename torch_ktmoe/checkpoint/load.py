@@ -3,9 +3,10 @@
     ktm = load_experts(E, top_k, H, I, reader.experts(ids), source=checkpoint_fingerprint(path, salt),
                        key=block_name, mmap_experts_dir=DIR, weight_format="int4", layer_idx=L)
 
-``source`` names the checkpoint (``torch_ktmoe.cache.checkpoint_fingerprint``: its files' names,
-sizes and mtimes plus the host's salt) and ``key`` the block within it; together they are the
-fingerprint the cache files are checked against, so a hit reads nothing from the checkpoint.
+``source`` names the checkpoint (:func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`: its files'
+names, sizes, mtimes, safetensors headers and content samples, plus the host's salt) and ``key`` the
+block within it; together they are the fingerprint the cache files are checked against, so a hit
+reads nothing from the checkpoint.
 ``reader_experts(reader, ids, weight_format, group_size)`` is what a host hands it: an FP8
 checkpoint's e4m3 bytes and scales as they are when the target is ``fp8``, else dense weights.
 """
@@ -17,6 +18,7 @@ from typing import Iterable, Optional
 import torch
 
 from ..cache import layer_fingerprint
+from ..paths import utf8_path
 from ..layer import KTMoE
 from .fp8 import BLOCK as FP8_GROUP
 
@@ -26,9 +28,10 @@ DENSE_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the dtype
 
 def make_ktmoe(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                mmap_experts_dir=None, **ktmoe_kwargs) -> KTMoE:
-    """An empty KTMoE; ``mmap_experts_dir`` is created if missing (KTMoE itself would fall back to anonymous memory)."""
+    """An empty KTMoE; ``mmap_experts_dir`` is created if missing (KTMoE itself would fall back to anonymous
+    memory) and must be a UTF-8 path (:func:`utf8_path`)."""
     if mmap_experts_dir is not None:
-        mmap_experts_dir = os.fspath(mmap_experts_dir)
+        mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir")
     if mmap_experts_dir:
         os.makedirs(mmap_experts_dir, exist_ok=True)
     return KTMoE(num_experts, top_k, hidden_size, intermediate_size, mmap_experts_dir=mmap_experts_dir,

@@ -231,7 +231,8 @@ def from_pretrained(
     them (:mod:`.fp8_dense`). Other ``quant_method`` values are refused by name.
 
     ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
-    the cache fingerprint of a layer is the checkpoint files' names, sizes and mtimes
+    the cache fingerprint of a layer is the checkpoint's (its files' names, sizes, mtimes,
+    safetensors headers and content samples: :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`)
     plus the module name and dtype; a layer with valid cache files is mapped and its
     experts are not even read from the safetensors.
 

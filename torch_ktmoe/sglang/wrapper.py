@@ -19,9 +19,11 @@ releases the GIL, so the caller's GPU work overlaps it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional, Sequence
@@ -29,13 +31,14 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe,
-                          reader_experts)
+                          reader_experts, utf8_path)
 from ..layer import KTMoE
 from .checkpoint import check_weight_path, layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_NONFINITE_SLOT = re.compile(r"non-finite weight .* in expert (\d+) of ")  # ktmoe::pack_experts' error
 MMAP_DIR_ENV = "KTMOE_SGLANG_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (set by --kt-mmap-experts-dir)
 
 # kt-kernel / sglang --kt-method names -> our weight formats
@@ -111,6 +114,9 @@ class KTMoEWrapper:
             log.debug("KTMoEWrapper(layer %d): max_deferred_experts_per_token=%s is not implemented; every CPU "
                       "expert is computed in the same forward", layer_idx, max_deferred_experts_per_token)
         self.layer_idx, self.num_experts, self.top_k = int(layer_idx), int(num_experts), int(num_experts_per_tok)
+        if self.top_k < 1:
+            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): num_experts_per_tok={self.top_k} must be >= 1 "
+                             "(sglang routes every token to its top-k experts)")
         self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
         self.method, self.weight_format = method, weight_format_of(method)
         self.gpu_mask = _gpu_mask(self.num_experts, num_gpu_experts, gpu_experts_mask)
@@ -120,10 +126,11 @@ class KTMoEWrapper:
         table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
         table[self.cpu_physical] = torch.arange(self.num_cpu_experts, dtype=torch.int32)
         self._id_table = table
-        self.weight_path = weight_path
         check_weight_path(weight_path)
+        self.weight_path = utf8_path(weight_path, "KTMoEWrapper: weight_path (--kt-weight-path)")
         mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV)
-        self.mmap_experts_dir = os.fspath(mmap_dir) if mmap_dir else None  # "": anonymous, whatever the env says
+        # "": anonymous, whatever the env says
+        self.mmap_experts_dir = utf8_path(mmap_dir, "KTMoEWrapper: mmap_experts_dir") if mmap_dir else None
         self.moe: Optional[KTMoE] = None
         self._pending: Optional[Future] = None
         log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
@@ -132,13 +139,26 @@ class KTMoEWrapper:
 
     # ---------------------------------------------------------------- loading
     def _logical_ids(self, physical_to_logical_map) -> List[int]:
+        """The logical (checkpoint) expert of each CPU slot; clear errors for a map that is not 1-D integer
+        ids with every CPU slot's id in [0, num_experts)."""
         if physical_to_logical_map is None:
             return self.cpu_physical.tolist()
-        p2l = torch.as_tensor(physical_to_logical_map).detach().to("cpu").reshape(-1)
+        where = f"KTMoEWrapper(layer {self.layer_idx}): physical_to_logical_map"
+        p2l = torch.as_tensor(physical_to_logical_map).detach().to("cpu")
+        if p2l.dtype.is_floating_point or p2l.dtype.is_complex or p2l.dtype == torch.bool:
+            raise TypeError(f"{where} must hold integer expert ids, got dtype {p2l.dtype}")
+        if p2l.dim() != 1:
+            raise ValueError(f"{where} must be 1-D [num_physical_experts], got shape {tuple(p2l.shape)}")
         if p2l.numel() < self.num_experts:
-            raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): physical_to_logical_map has {p2l.numel()} "
-                             f"entries, fewer than num_experts={self.num_experts}")
-        return p2l[self.cpu_physical].tolist()
+            raise ValueError(f"{where} has {p2l.numel()} entries, fewer than num_experts={self.num_experts}")
+        ids = p2l[self.cpu_physical].tolist()
+        bad = [(slot, logical) for slot, logical in enumerate(ids) if not 0 <= logical < self.num_experts]
+        if bad:
+            slot, logical = bad[0]
+            more = f" ({len(bad) - 1} more CPU slots are out of range)" if len(bad) > 1 else ""
+            raise ValueError(f"{where}: CPU slot {slot} (physical expert {int(self.cpu_physical[slot])}) maps to "
+                             f"logical expert {logical}, outside [0, num_experts={self.num_experts}){more}")
+        return ids
 
     def _ktmoe_args(self) -> tuple[tuple, dict]:
         """The positional and keyword arguments of this layer's KTMoE."""
@@ -150,11 +170,12 @@ class KTMoEWrapper:
         """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.
 
         ``physical_to_logical_map`` [>= E] (sglang's expert-location metadata for
-        this layer): CPU slot j holds logical expert ``map[cpu_physical[j]]``.
+        this layer, integer ids): CPU slot j holds logical expert ``map[cpu_physical[j]]``,
+        which must be in [0, E).
         With ``mmap_experts_dir`` a valid packed cache is mapped instead.
         """
         ids = self._logical_ids(physical_to_logical_map)
-        with SafetensorsCheckpoint(self.weight_path) as ckpt:
+        with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
             reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size)
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
@@ -169,19 +190,34 @@ class KTMoEWrapper:
         experts, in slot order)."""
         n = gate_proj.shape[0]
         if n == self.num_cpu_experts and n != self.num_experts:
-            sel = slice(None)
+            sel, ids = slice(None), list(range(n))
         elif n >= self.num_experts:
-            sel = torch.tensor(self._logical_ids(physical_to_logical_map), dtype=torch.long)
+            ids = self._logical_ids(physical_to_logical_map)
+            sel = torch.tensor(ids, dtype=torch.long)
         else:
             raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): gate_proj has {n} experts; expected "
                              f"num_experts={self.num_experts} or the {self.num_cpu_experts} CPU experts")
         args, kwargs = self._ktmoe_args()
         moe = make_ktmoe(*args, **kwargs)
-        with torch.no_grad():
+        with torch.no_grad(), self._naming_bad_expert(ids, "in the given tensors"):
             moe.load_weights_separate(as_kernel_input(gate_proj[sel], name="gate_proj"),
                                       as_kernel_input(up_proj[sel], name="up_proj"),
                                       as_kernel_input(down_proj[sel], name="down_proj"))
         self.moe = moe
+
+    @contextlib.contextmanager
+    def _naming_bad_expert(self, ids: List[int], where: str):
+        """Re-raises the packer's non-finite-weight error (which counts CPU slots) naming the logical expert."""
+        try:
+            yield
+        except RuntimeError as e:
+            found = _NONFINITE_SLOT.search(str(e))
+            if found is None or not 0 <= int(found[1]) < len(ids):
+                raise
+            slot = int(found[1])
+            raise RuntimeError(f"KTMoEWrapper: logical expert {ids[slot]} of layer {self.layer_idx} (CPU slot {slot}, "
+                               f"physical expert {int(self.cpu_physical[slot])}) {where} has a non-finite weight: "
+                               f"{e}") from e
 
     # ---------------------------------------------------------------- forward
     def submit_forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -231,7 +267,7 @@ class KTMoEWrapper:
             ready = torch.cuda.Event()
             ready.record()
         ids = topk_ids.detach().to("cpu", torch.int64)  # a copy (sync for a device tensor)
-        if T and (int(ids.max()) >= self.num_experts):
+        if ids.numel() and int(ids.max()) >= self.num_experts:  # k = 0 routes nothing: the output is zeros
             raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): expert id {int(ids.max())} >= num_experts="
                              f"{self.num_experts}")
         slots = self._id_table[ids.clamp(min=-1)]  # id -1 reads the table's last entry, -1

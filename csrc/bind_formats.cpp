@@ -11,7 +11,7 @@
 // Module attributes: packed_magic, packed_layout_version (the header's magic and
 // version), matrix_roles ({"plain": 0, "gate_up": 1, "down": 2}).
 // ops.WEIGHT_FORMATS, unpack.py and the tests' tolerance table read these.
-#include "python_formats.h"
+#include "python_bindings.h"
 
 #include <pybind11/stl.h>
 
@@ -59,6 +59,8 @@ py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
 
 }  // namespace
 
+namespace ktmoe {
+
 void bind_weight_formats(py::module& m) {
   m.def("weight_formats", [] {
     py::list rows;
@@ -73,3 +75,5 @@ void bind_weight_formats(py::module& m) {
   roles["down"] = int(ktmoe::MatrixRole::kDown);
   m.attr("matrix_roles") = roles;
 }
+
+}  // namespace ktmoe

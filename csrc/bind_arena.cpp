@@ -1,0 +1,119 @@
+// [NOTE] Binds WeightArena (memory, residency, statistics) and the process-wide arena
+// statistics. The cache methods are bind_cache.cpp's.
+#include "ops/arena_tensor.h"
+#include "python_bindings.h"
+
+namespace ktmoe {
+namespace {
+
+namespace py = pybind11;
+
+py::dict arena_stats_dict(const ArenaStats& s) {
+  py::dict d;
+  d["allocations"] = s.allocations;
+  d["file_backed_bytes"] = s.file_backed_bytes;
+  d["anon_bytes"] = s.anon_bytes;
+  d["fallbacks"] = s.fallbacks;
+  d["fallback_reasons"] = s.fallback_reasons;
+  return d;
+}
+
+// Throws the error of a call that reports one through *error.
+template <typename Call>
+void or_raise(Call call) {
+  std::string error;
+  if (!call(&error)) throw std::runtime_error(error);
+}
+
+void bind_residency(PyArenaClass& c) {
+  c.def("writeback", [](const PyArena& a, bool wait) { or_raise([&](auto* e) { return a.arena->writeback(wait, e); }); },
+        py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+        "push dirty pages of the backing file to disk (clean, reclaimable page cache)")
+      .def("resident_bytes", [](const PyArena& a) { return a.arena->resident_bytes(); },
+           py::call_guard<py::gil_scoped_release>(), "bytes in RAM: mincore over the file's slices + anonymous allocations")
+      .def("evict", [](const PyArena& a) { or_raise([&](auto* e) { return a.arena->evict(e); }); },
+           py::call_guard<py::gil_scoped_release>(),
+           "drop the backing file's pages from memory (writeback, MADV_DONTNEED, fadvise DONTNEED)")
+      .def("prefault", [](const PyArena& a, bool wait) { or_raise([&](auto* e) { return a.arena->prefault(wait, e); }); },
+           py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+           "read the backing file into memory: read() what is not cached, read through the mapping what is, then "
+           "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
+      .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
+           py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
+      .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
+      .def_static("read_file_through_cache", [](const std::string& path) {
+             int64_t n = 0;
+             or_raise([&](auto* e) { return (n = read_file_through_cache(path, e)) >= 0; });
+             return n;
+           },
+           py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+           "read a whole regular file with read() (page cache, readahead; every page read once); its size");
+}
+
+py::list live_arenas() {
+  // Snapshot first, then mincore without the GIL; the list holds no arena.
+  std::vector<std::shared_ptr<KtWeightArena>> arenas;
+  std::vector<int64_t> resident;
+  {
+    py::gil_scoped_release release;
+    arenas = KtWeightArena::live();
+    for (const auto& arena : arenas) resident.push_back(arena->resident_bytes());
+  }
+  py::list out;
+  for (size_t i = 0; i < arenas.size(); ++i) {
+    const auto& arena = arenas[i];
+    py::dict d = arena_stats_dict(arena->stats());
+    d["id"] = arena->id();
+    d["name"] = arena->name();
+    d["dir"] = arena->dir();
+    d["file_mode"] = arena->file_mode();
+    d["resident_bytes"] = resident[i];
+    out.append(d);
+  }
+  {
+    py::gil_scoped_release release;  // the last reference to an arena may go here: not under the GIL's watch
+    arenas.clear();
+  }
+  return out;
+}
+
+}  // namespace
+
+PyArenaClass bind_arena(py::module_& m) {
+  PyArenaClass c(m, "WeightArena");
+  c.def(py::init([](const std::string& dir, const std::string& name, bool hugepage, int numa_node, bool persistent,
+                    bool trust_others, bool map_only) {
+          ArenaOptions options;
+          options.hugepage = hugepage;
+          options.numa_node = numa_node;
+          options.trust_others = trust_others;
+          options.map_only = map_only;
+          options.persistent = persistent || map_only;
+          return PyArena{KtWeightArena::open(dir, name, options)};
+        }),
+        py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1,
+        py::arg("persistent") = false, py::arg("trust_others") = false, py::arg("map_only") = false)
+      .def("empty", [](const PyArena& a, std::vector<int64_t> sizes) { return arena_empty(a.arena, sizes); },
+           py::arg("sizes"), py::call_guard<py::gil_scoped_release>(),
+           "uint8 tensor of `sizes` in arena memory (keeps the arena alive); thread-safe")
+      .def("take_warning", [](const PyArena& a) { return a.arena->warn_once(); },
+           "the first fallback reason, once (then '')")
+      .def_property_readonly("dir", [](const PyArena& a) { return a.arena->dir(); })
+      .def_property_readonly("name", [](const PyArena& a) { return a.arena->name(); })
+      .def_property_readonly("file_mode", [](const PyArena& a) { return a.arena->file_mode(); })
+      .def_property_readonly("open_error", [](const PyArena& a) { return a.arena->open_error(); })
+      .def_property_readonly("file_bytes", [](const PyArena& a) { return a.arena->file_bytes(); })
+      .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
+  bind_residency(c);
+  m.def("process_arena_stats", [] {
+    const ProcessArenaStats s = KtWeightArena::process_stats();
+    py::dict d = arena_stats_dict(s);
+    d["arenas"] = s.arenas;
+    return d;
+  });
+  m.def("live_arenas", &live_arenas,
+        "per live arena, oldest first: id, name, dir, file_mode, resident_bytes and its stats()");
+  return c;
+}
+
+}  // namespace ktmoe

@@ -1,0 +1,114 @@
+"""The fingerprint of a checkpoint directory: what the packed cache files of its experts are checked against.
+
+``checkpoint_fingerprint(path, extra)`` hashes, for each ``*.safetensors`` and ``*.json`` file of
+``path`` (sorted by name):
+
+* its name, size and mtime (a rewritten shard changes them);
+* a safetensors shard's whole JSON header (every tensor's name, dtype, shape and data offsets, and
+  the file's metadata), so another layout, dtype or set of tensors is a different checkpoint;
+* a content sample: :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` at fixed, evenly spaced offsets
+  of the file (a file up to :data:`WHOLE_FILE_BYTES`, e.g. ``config.json``, is hashed whole).
+
+The sample is what catches a checkpoint swapped under the same names, sizes and mtimes (``rsync -a``,
+``cp -p``, ``tar``, container layers): another model of the same shapes (a fine-tune, base against
+instruct) differs in nearly every block, and most of a MoE shard's bytes are experts. It is a sample:
+a change confined to bytes it does not read, with the names, sizes and mtimes put back, is not seen
+(``cache="rebuild"`` packs again whatever the fingerprint says). Its cost is bounded per file, not
+by the checkpoint's size: the header plus 64 reads of 4 KiB.
+
+A process keeps the files' digest while their ``stat`` (device, inode, size, mtime, ctime) is
+unchanged, so a host that asks once per layer reads them once: any write to a file, and ``os.utime``
+itself, sets its ctime to the current time. Only files whose ctime is older than the hashing by
+:data:`SETTLED_NS` are kept (as git treats "racy" index entries), so a change within one tick of the
+file system's timestamps is not mistaken for no change.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+import time
+
+CHECKPOINT_SUFFIXES = (".safetensors", ".json")
+SAMPLES = 64
+SAMPLE_BYTES = 4096
+WHOLE_FILE_BYTES = SAMPLES * SAMPLE_BYTES
+MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own bound on its JSON header
+SETTLED_NS = 2_000_000_000  # coarser than any file system's ctime (FAT: 2 s)
+_MEMO_SIZE = 16
+_memo: dict[tuple, bytes] = {}  # (path, the files' stat) -> digest of the files
+_memo_lock = threading.Lock()  # hosts may load layers from several threads
+
+
+def checkpoint_fingerprint(path, extra: str = "") -> str:
+    """``blake2b`` of a checkpoint directory's files (names, sizes, mtimes, safetensors headers, content
+    samples; see the module docstring) plus ``extra``."""
+    path = os.fspath(path)
+    names = sorted(n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES))
+    stats = [os.stat(os.path.join(path, n)) for n in names]
+    key = (os.path.abspath(path), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
+    with _memo_lock:
+        digest = _memo.get(key)
+    if digest is None:
+        started = time.time_ns()
+        h = hashlib.blake2b(digest_size=20)
+        for name in names:
+            _hash_file(h, os.path.join(path, name), name)
+        digest = h.digest()
+        if all(st.st_ctime_ns < started - SETTLED_NS for st in stats):
+            with _memo_lock:
+                if len(_memo) >= _MEMO_SIZE:
+                    _memo.pop(next(iter(_memo)))
+                _memo[key] = digest
+    h = hashlib.blake2b(digest, digest_size=20)
+    h.update(b"|extra:" + extra.encode("utf-8", "surrogateescape"))
+    return "checkpoint:content:blake2b:" + h.hexdigest()
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _hash_file(h, file: str, name: str) -> None:
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks the open
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"checkpoint file {file!r} is not a regular file")
+        h.update(b"|file:" + os.fsencode(name) + f":{st.st_size}:{st.st_mtime_ns}".encode())
+        if name.endswith(".safetensors"):
+            h.update(b"|header:" + _safetensors_header(fd, st.st_size, file))
+        h.update(b"|sample:")
+        for offset, length in sample_ranges(st.st_size):
+            h.update(_read_exactly(fd, offset, length, file))
+    finally:
+        os.close(fd)
+
+
+def sample_ranges(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of the sampled blocks of a file of ``size`` bytes: the whole file when small,
+    else :data:`SAMPLES` blocks from the first to the last byte, evenly spaced."""
+    if size <= WHOLE_FILE_BYTES:
+        return [(0, size)] if size else []
+    span = size - SAMPLE_BYTES
+    return [(span * i // (SAMPLES - 1), SAMPLE_BYTES) for i in range(SAMPLES)]
+
+
+def _safetensors_header(fd: int, size: int, file: str) -> bytes:
+    """The 8-byte length and the JSON header of a safetensors file; ValueError naming ``file`` if it has none."""
+    if size < 8:
+        raise ValueError(f"checkpoint file {file!r} is not a safetensors file ({size} bytes, no header)")
+    prefix = _read_exactly(fd, 0, 8, file)
+    length = int.from_bytes(prefix, "little")
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise ValueError(f"checkpoint file {file!r} is not a safetensors file (its header claims {length} bytes; "
+                         f"the file has {size})")
+    return prefix + _read_exactly(fd, 8, length, file)
+
+
+def _read_exactly(fd: int, offset: int, length: int, file: str) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise ValueError(f"checkpoint file {file!r} changed while it was read (short read at offset {offset})")
+    return data
