@@ -4,6 +4,7 @@ packed exactly, forwarded on every ISA within the bf16 bound of the dequantized 
 import pytest
 import torch
 
+import torch_ktmoe
 from torch_ktmoe import ops, reference
 from torch_ktmoe.checkpoint import dequantize_fp8, group_scales
 from torch_ktmoe.unpack import packed_header, unpack_experts
@@ -106,3 +107,42 @@ def test_opcheck_pack_fp8_experts():
     gate_up, down, s13, s2 = _one_expert()
     torch.library.opcheck(torch.ops.ktmoe.pack_fp8_experts.default, (gate_up, None, down, s13, None, s2, 0),
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def _layer_inputs(seed=0, inter=I):
+    ck = random_fp8_experts(E, H, inter, seed=seed)
+    gf = _group_form(ck, 128)
+    gate_up = torch.cat([gf["gate"][0], gf["up"][0]], 1)
+    gate_up_scale = torch.cat([gf["gate"][1], gf["up"][1]], 1)
+    return ck, gate_up, gf["down"][0], gate_up_scale, gf["down"][1]
+
+
+@pytest.mark.parametrize("numa_parts", [1, 2])
+def test_layer_loads_fp8_experts_exactly(numa_parts, tmp_path):
+    inter = 256  # two parts of 128: each starts a group
+    ck, gate_up, down, s13, s2 = _layer_inputs(inter=inter)
+    layer = torch_ktmoe.KTMoE(E, 2, H, inter, weight_format="fp8", numa_parts=numa_parts,
+                              mmap_experts_dir=tmp_path)
+    for e in range(E):  # streamed expert by expert, as checkpoint.load_experts does
+        layer.load_expert(e, gate_up[e], down[e], gate_up_scale=s13[e], down_scale=s2[e])
+    want_gu, want_dn = _dequantized(ck)
+    got_gu, got_dn, fmt = unpack_experts(layer.packed_tensors())
+    assert fmt == "fp8" and torch.equal(got_gu, want_gu) and torch.equal(got_dn, want_dn)
+    x = torch.randn(5, H)
+    ids, w = random_routing(5, E, 2)
+    ref = reference.moe_reference(x, ids, w, want_gu, want_dn, "bf16")
+    assert reference.relative_error(layer(x, ids, w), ref) <= QUANTIZED_REFERENCE_TOLERANCE
+    again = torch_ktmoe.KTMoE(E, 2, H, inter, weight_format="fp8", numa_parts=numa_parts, mmap_experts_dir=tmp_path)
+    assert again.try_load_cached(layer.cache_fingerprint)  # the cache key holds format and group: files just work
+
+
+def test_layer_refusals():
+    _, gate_up, down, s13, s2 = _layer_inputs()
+    with pytest.raises(ValueError, match="NUMA part bounds \\[0, 80, 160\\] split a group of 128 inputs"):
+        torch_ktmoe.KTMoE(E, 2, H, I, weight_format="fp8", numa_parts=2).load_weights(
+            gate_up, down, gate_up_scale=s13, down_scale=s2)
+    with pytest.raises(ValueError, match="come with float8_e4m3fn experts and weight_format='fp8', not 'bf16'"):
+        torch_ktmoe.KTMoE(E, 2, H, I).load_weights(gate_up, down, gate_up_scale=s13, down_scale=s2)
+    with pytest.raises(ValueError, match=r"down_scale must have shape \(6, 300, 2\)"):
+        torch_ktmoe.KTMoE(E, 2, H, I, weight_format="fp8", numa_parts=1).load_weights(
+            gate_up, down, gate_up_scale=s13, down_scale=s2[..., :1])
