@@ -2,10 +2,11 @@
 // place Python learns which weight formats exist and how their bytes decode.
 //
 // weight_formats() -> [dict], one per row of kernels/weight_formats.h, in id order:
-//   name, id, code_bits, bits_per_weight, group ("none" | "row" | "chosen"),
-//   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group"),
-//   scale_bytes, activations ("bf16" | "int8"), gemm (the IsaKernels entry),
-//   codes ("bf16" | "offset" | "codebook"), code_offset, codebook (list of ints),
+//   name, id, code_bits, k_run, bits_per_weight, group ("none" | "row" | "chosen"),
+//   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group" |
+//   "f32_per_block_group"), scale_bytes, activations ("bf16" | "int8"), gemm (the
+//   IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3"), code_offset,
+//   codebook (list of ints),
 //   accuracy_bound.
 // Module attributes: packed_magic, packed_layout_version (the header's magic and
 // version), matrix_roles ({"plain": 0, "gate_up": 1, "down": 2}).
@@ -25,13 +26,13 @@ namespace {
 
 // Python's names of the enums' values, indexed by value.
 constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
-constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group"};
+constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group", "f32_per_block_group"};
 constexpr const char* kActivationRows[] = {"bf16", "int8"};
-constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook"};
+constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3"};
 static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
-                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kBF16PerBlockGroup) + 1 &&
+                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kF32PerBlockGroup) + 1 &&
                   std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
-                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kCodebook) + 1,
+                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kE4m3) + 1,
               "a name for every value of the traits' enums");
 
 py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
@@ -39,6 +40,7 @@ py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
   d["name"] = r.name;
   d["id"] = int(r.id);
   d["code_bits"] = r.code_bits;
+  d["k_run"] = r.k_run;
   d["bits_per_weight"] = r.bits_per_weight();
   d["group"] = kGroupRules[int(r.group)];
   d["default_group"] = r.default_group;

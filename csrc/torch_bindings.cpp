@@ -18,10 +18,17 @@ TORCH_LIBRARY(ktmoe, m) {
   // The same into caller-allocated outputs (Python takes them from a WeightArena).
   m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
         "Tensor(a!) w13, Tensor(b!) w2) -> ()");
+  // An FP8 checkpoint's e4m3 experts + fp32 scales per (row, k-group) -> packed fp8 (w13, w2), exact; and _out.
+  m.def("pack_fp8_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
+        "Tensor down_scale, int group_size) -> (Tensor, Tensor)");
+  m.def("pack_fp8_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
+        "Tensor down_scale, int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("moe_forward", &ktmoe::moe_forward);
   m.impl("pack_experts", &ktmoe::pack_experts);
   m.impl("pack_experts_out", &ktmoe::pack_experts_out);
+  m.impl("pack_fp8_experts", &ktmoe::pack_fp8_experts);
+  m.impl("pack_fp8_experts_out", &ktmoe::pack_fp8_experts_out);
 }

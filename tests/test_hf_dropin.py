@@ -127,9 +127,9 @@ def test_pickle_file_backed_gone_raises(tmp_path):
 def test_experts_implementation_bad_environment_is_a_clear_error(monkeypatch):
     model = make_model("olmoe")
     dense = logits(model)
-    monkeypatch.setenv("KTMOE_WEIGHT_FORMAT", "fp8")
+    monkeypatch.setenv("KTMOE_WEIGHT_FORMAT", "fp4")
     model.set_experts_implementation("ktmoe")
-    with pytest.raises(ValueError, match="weight_format must be one of .* got 'fp8'"):
+    with pytest.raises(ValueError, match="weight_format must be one of .* got 'fp4'"):
         logits(model)
     monkeypatch.delenv("KTMOE_WEIGHT_FORMAT")
     assert_close_logits(logits(model), dense)  # nothing was lost: the dense experts are still there

@@ -120,7 +120,7 @@ def test_compile_several_layers_once():
 
 def test_errors():
     with pytest.raises(ValueError, match="weight_format must be one of"):
-        KTMoE(E, K, H, I, weight_format="fp8")
+        KTMoE(E, K, H, I, weight_format="fp4")
     layer = KTMoE(E, K, H, I)
     with pytest.raises(RuntimeError, match="call load_weights"):
         layer(torch.randn(2, H), *random_routing(2, E, K))

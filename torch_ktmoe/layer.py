@@ -22,7 +22,7 @@ class KTMoE(nn.Module):
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape
             (E, k, H, I).
-        weight_format: ``"bf16"``, ``"int8"`` or ``"int4"`` (see README, Formats).
+        weight_format: ``"bf16"``, ``"int8"``, ``"int4"`` or ``"fp8"`` (see docs/formats.md).
         mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
             directory keeps them in ``MAP_SHARED`` files under it, one per
             (layer, NUMA part), named from ``layer_idx``: clean page cache that the
@@ -34,7 +34,8 @@ class KTMoE(nn.Module):
             many parts, one arena per part, first-touched on NUMA node
             ``part % nodes``; partial outputs are summed in fp32. Default: the
             host's NUMA node count.
-        group_size: int4 group size along the input dimension (default 32).
+        group_size: int4 / fp8 group size along the input dimension (default 32 / 128); FP8
+            checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
         warm: ``"none"`` (default), ``"blocking"`` or ``"background"``: after
             loading, prefault the layer's files (see :meth:`warm`) and return
@@ -152,8 +153,13 @@ class KTMoE(nn.Module):
 
     def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
                      fingerprint: Optional[str] = None, gate_up_bias: Optional[torch.Tensor] = None,
-                     down_bias: Optional[torch.Tensor] = None) -> None:
+                     down_bias: Optional[torch.Tensor] = None, gate_up_scale: Optional[torch.Tensor] = None,
+                     down_scale: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+
+        FP8 checkpoints (``weight_format="fp8"``): float8_e4m3fn weights, fp32 scales per (row, group
+        of g inputs) ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]
+        (:func:`torch_ktmoe.checkpoint.group_scales`), packed exactly.
 
         ``fingerprint`` names the source of the weights for the cache (e.g.
         :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
@@ -162,8 +168,9 @@ class KTMoE(nn.Module):
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
-        fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj)
-        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint)
+        scales = self._fp8_scales(gate_up_scale, down_scale)
+        fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj, *(scales or ()))
+        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint, scales)
         if gate_up_bias is not None or down_bias is not None:
             self.set_biases(gate_up_bias, down_bias)
 
@@ -193,8 +200,10 @@ class KTMoE(nn.Module):
         self._pack(gate, up, down, self._fingerprint(fingerprint, gate, up, down))
 
     def load_expert(self, expert: int, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
-                    fingerprint: Optional[str] = None) -> None:
-        """Give one expert (gate_up [2I, H], down [H, I]); the layer is packed when all E are in.
+                    fingerprint: Optional[str] = None, gate_up_scale: Optional[torch.Tensor] = None,
+                    down_scale: Optional[torch.Tensor] = None) -> None:
+        """Give one expert (gate_up [2I, H], down [H, I]; FP8: with its scales, as :meth:`load_weights`
+        takes them without the expert dimension); the layer is packed when all E are in.
 
         Holds at most one layer's dense experts, so a checkpoint can be streamed
         expert by expert. ``fingerprint`` (read from the call that completes the
@@ -204,15 +213,21 @@ class KTMoE(nn.Module):
             raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
         self._check_shape("gate_up_proj", gate_up_proj, (2 * self.intermediate_size, self.hidden_size))
         self._check_shape("down_proj", down_proj, (self.hidden_size, self.intermediate_size))
-        if not self._pending:  # one dense layer, filled in place (no stacking copy)
-            self._pending = {"gate_up": gate_up_proj.new_empty((self.num_experts, *gate_up_proj.shape)),
-                             "down": down_proj.new_empty((self.num_experts, *down_proj.shape)), "have": set()}
-        self._pending["gate_up"][expert].copy_(gate_up_proj)
-        self._pending["down"][expert].copy_(down_proj)
+        given = {"gate_up": gate_up_proj, "down": down_proj, "gate_up_scale": gate_up_scale, "down_scale": down_scale}
+        given = {k: t for k, t in given.items() if t is not None}
+        if not self._pending:  # one layer, filled in place (no stacking copy)
+            self._pending = {k: t.new_empty((self.num_experts, *t.shape)) for k, t in given.items()}
+            self._pending["have"] = set()
+        if set(given) != set(self._pending) - {"have"}:
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): expert {expert} comes with {sorted(given)}, the "
+                             f"experts before it with {sorted(set(self._pending) - {'have'})}")
+        for k, t in given.items():
+            self._pending[k][expert].copy_(t)
         self._pending["have"].add(expert)
         if len(self._pending["have"]) == self.num_experts:
             pending, self._pending = self._pending, {}
-            self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint)
+            self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint,
+                              gate_up_scale=pending.get("gate_up_scale"), down_scale=pending.get("down_scale"))
 
     def try_load_cached(self, fingerprint: str) -> bool:
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.
@@ -249,6 +264,23 @@ class KTMoE(nn.Module):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
 
+    def _fp8_scales(self, gate_up_scale, down_scale):
+        """(gate scale, up scale, down scale) of an FP8 checkpoint's experts, or None without scales."""
+        if gate_up_scale is None and down_scale is None:
+            return None
+        if self.weight_format != "fp8" or gate_up_scale is None or down_scale is None:
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): gate_up_scale and down_scale (both) come with "
+                             f"float8_e4m3fn experts and weight_format='fp8', not {self.weight_format!r}")
+        E, H, inter, g = self.num_experts, self.hidden_size, self.intermediate_size, self.group_size or 128
+        self._check_shape("gate_up_scale", gate_up_scale, (E, 2 * inter, -(-H // g)))
+        self._check_shape("down_scale", down_scale, (E, H, -(-inter // g)))
+        bad = [lo for lo in self._bounds[1:-1] if lo % g]
+        if bad:
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): NUMA part bounds {self._bounds} split a group of {g} "
+                             f"inputs of down's FP8 scales (at {bad}); choose numa_parts (e.g. 1) so that parts "
+                             f"start at multiples of {g}")
+        return gate_up_scale[:, :inter], gate_up_scale[:, inter:], down_scale
+
     def _fingerprint(self, given: Optional[str], *tensors: torch.Tensor) -> Optional[str]:
         if self.cache == "off":
             return None
@@ -258,7 +290,7 @@ class KTMoE(nn.Module):
         return _C.packed_cache_key(self.weight_format, self.group_size, self.num_experts, self.hidden_size,
                             self.intermediate_size, self._bounds[p], self._bounds[p + 1], p, fingerprint)
 
-    def _pack(self, gate, up, down, fingerprint: Optional[str] = None):
+    def _pack(self, gate, up, down, fingerprint: Optional[str] = None, scales=None):
         self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
         if self.cache == "map":
             raise ValueError(f"KTMoE(layer {self.layer_idx}): cache='map' only maps kept files "
@@ -269,6 +301,12 @@ class KTMoE(nn.Module):
                 lo, hi = self._bounds[p], self._bounds[p + 1]
 
                 def build(arena, lo=lo, hi=hi):
+                    if scales is not None:  # FP8 checkpoint: bytes and scales as they are
+                        g = self.group_size or 128
+                        gs, us, ds = scales
+                        return ops.pack_fp8_experts(gate[:, lo:hi], down[:, :, lo:hi], gs[:, lo:hi],
+                                                    ds[:, :, lo // g:-(-hi // g)], up=up[:, lo:hi],
+                                                    up_scale=us[:, lo:hi], group_size=g, arena=arena)
                     return ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
                                             up=up[:, lo:hi], group_size=self.group_size, arena=arena)
 

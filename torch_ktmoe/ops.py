@@ -14,7 +14,7 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS",
+__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS",
            "ACTIVATION_DTYPES"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
@@ -86,7 +86,9 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
-    ``group_size``: int4 group along the input dimension (0: 32).
+    ``group_size``: int4 / fp8 group along the input dimension (0: the format's default, 32 / 128).
+    ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
+    (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
 
     With an arena the outputs are taken from it and filled by
     ``ktmoe::pack_experts_out``; then the arena's file starts writing back, so
@@ -95,10 +97,35 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     if arena is None:
         return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size)
     shape13, shape2 = _C.packed_sizes(gate_up, up, down, weight_format, group_size)  # checks the arguments
+    return _pack_into(arena, shape13, shape2, torch.ops.ktmoe.pack_experts_out,
+                      (gate_up, up, down, weight_format, group_size))
+
+
+def pack_fp8_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
+                     down_scale: torch.Tensor, *, up: Optional[torch.Tensor] = None,
+                     up_scale: Optional[torch.Tensor] = None, group_size: int = 0,
+                     arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pack an FP8 checkpoint's experts into ``"fp8"``, its e4m3 bytes and scales kept exactly.
+
+    gate_up [E, 2I, H] (or gate [E, I, H] with ``up=``), down [E, H, I], float8_e4m3fn; scales fp32
+    per (row, k-group of ``group_size`` inputs, 0: 128): gate_up_scale [E, 2I, ceil(H/g)] (or the
+    gate's with ``up_scale=``), down_scale [E, H, ceil(I/g)]
+    (:func:`torch_ktmoe.checkpoint.fp8.group_scales` makes them from a checkpoint's block or
+    per-row scales) -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
+    """
+    args = (gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size)
+    if arena is None:
+        return torch.ops.ktmoe.pack_fp8_experts(*args)
+    return _pack_into(arena, *_packed_shapes(gate_up, up, down, "fp8", group_size),
+                      torch.ops.ktmoe.pack_fp8_experts_out, args)  # the op checks the arguments
+
+
+def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``pack_out(*args, w13, w2)`` into tensors taken from ``arena``, then the arena's writeback starts."""
     w13, w2 = arena.empty(shape13), arena.empty(shape2)
     if hasattr(arena, "warn_fallback"):
-        arena.warn_fallback(stacklevel=2)
-    torch.ops.ktmoe.pack_experts_out(gate_up, up, down, weight_format, group_size, w13, w2)
+        arena.warn_fallback(stacklevel=3)
+    pack_out(*args, w13, w2)
     try:
         arena.writeback(False)  # only starts writeback: pages turn clean (reclaimable) early
     except RuntimeError:
@@ -109,17 +136,37 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
 @torch.library.register_fake("ktmoe::pack_experts")
 def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
     _check_same_device("pack_experts", "gate_up", gate_up, up=up, down=down)
+    shape13, shape2 = _packed_shapes(gate_up, up, down, weight_format, group_size)
+    return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+
+
+def _packed_shapes(gate_up, up, down, weight_format, group_size):
+    """The shapes [E, B13], [E, B2] of the packed outputs (from gate_up's shape)."""
     experts, hidden = gate_up.shape[0], gate_up.shape[2]
     inter = gate_up.shape[1] if up is not None else gate_up.shape[1] // 2
     b13 = _C.packed_matrix_bytes(weight_format, "gate_up", 2 * inter, hidden, group_size)
     b2 = _C.packed_matrix_bytes(weight_format, "down", hidden, inter, group_size)
-    return (gate_up.new_empty((experts, b13), dtype=torch.uint8),
-            gate_up.new_empty((experts, b2), dtype=torch.uint8))
+    return (experts, b13), (experts, b2)
 
 
 @torch.library.register_fake("ktmoe::pack_experts_out")
 def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
     _check_same_device("pack_experts_out", "gate_up", gate_up, up=up, down=down, w13=w13, w2=w2)
+    return None
+
+
+@torch.library.register_fake("ktmoe::pack_fp8_experts")
+def _pack_fp8_experts_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size):
+    _check_same_device("pack_fp8_experts", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
+                       up_scale=up_scale, down_scale=down_scale)
+    shape13, shape2 = _packed_shapes(gate_up, up, down, "fp8", group_size)
+    return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+
+
+@torch.library.register_fake("ktmoe::pack_fp8_experts_out")
+def _pack_fp8_experts_out_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size, w13, w2):
+    _check_same_device("pack_fp8_experts_out", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
+                       up_scale=up_scale, down_scale=down_scale, w13=w13, w2=w2)
     return None
 
 
@@ -134,3 +181,4 @@ def _inference_only(op: str):
 
 torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forward"))
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
+torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))

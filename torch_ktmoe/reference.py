@@ -61,7 +61,7 @@ def quantize_rows_int8(x):
 
 def format_activations(weight_format):
     """How a format's kernels round the activations they multiply."""
-    return "bf16" if weight_format == "bf16" else "int8"
+    return "bf16" if weight_format in ("bf16", "fp8") else "int8"
 
 
 def _bf16(t):
@@ -128,14 +128,30 @@ def quantize_int4(w, group=32):
     return best.reshape(*lead, n, k + pad)[..., :k]
 
 
-def quantize_weights(w, weight_format, group=32):
-    """The dense weights a format's kernel actually multiplies by (fp32)."""
+def quantize_fp8(w, group=128):
+    """e4m3 with a scale per (row, group of ``group`` inputs) of w [..., n, k], dequantized (fp32):
+    s = max|w| / 448 over the group's valid columns, q = e4m3(clamp(w / s, ±448)) rounded to
+    nearest even (torch's float8_e4m3fn cast), 0 where s = 0."""
+    w = w.float()
+    *lead, n, k = w.shape
+    pad = (-k) % group
+    g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)
+    s = g.abs().amax(-1, keepdim=True) / 448
+    q = (g / torch.where(s > 0, s, 1)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    return torch.where(s > 0, q * s, 0).reshape(*lead, n, k + pad)[..., :k]
+
+
+def quantize_weights(w, weight_format, group=None):
+    """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
+    format's default (int4 32, fp8 128)."""
     if weight_format == "bf16":
         return _bf16(w)
     if weight_format == "int8":
         return quantize_int8(w)
     if weight_format == "int4":
-        return quantize_int4(w, group)
+        return quantize_int4(w, group or 32)
+    if weight_format == "fp8":
+        return quantize_fp8(w, group or 128)
     raise ValueError(f"unknown weight_format {weight_format!r}")
 
 

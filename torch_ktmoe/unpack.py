@@ -3,9 +3,9 @@
 Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops, driven
 by the native format table (``_C.weight_formats()``: each row's code bits, code values and
 scale layout), so a format is decoded without a case of its own here. ``bf16`` gives back
-the packed bf16 values exactly; ``int8`` / ``int4`` give the dequantized weights
-(``s * (u - 128)``, ``d * L[q]``), which is what the kernels multiply, not the original
-dense weights.
+the packed bf16 values exactly; ``int8`` / ``int4`` / ``fp8`` give the dequantized weights
+(``s * (u - 128)``, ``d * L[q]``, ``s * e4m3(q)``), which is what the kernels multiply, not
+the original dense weights.
 """
 from typing import List, Tuple
 
@@ -44,13 +44,13 @@ def _bf16_from_u8(b: torch.Tensor) -> torch.Tensor:
 def _codes(w: torch.Tensor, h: dict, bits: int) -> torch.Tensor:
     """[E, bytes] -> the stored codes [E, np, kp] (int16 for 16 bits, else uint8), packed row order.
 
-    Per block of 16 columns: kp / (32 / bits) slots of 64 bytes, 4 bytes per column, each
-    holding 32 / bits consecutive k. 16 bits: two int16 (k % 2); 8 bits: four bytes (k % 4);
-    4 bits: low nibbles of the 4 bytes are k 0..3 of the slot, high nibbles k 4..7.
+    Per block of 16 columns: kp / run slots, each 16 columns x ``run`` consecutive k (the row's
+    ``k_run``) of ``run * bits / 8`` bytes. 16 bits: int16 (k % 2); 8 bits: bytes (k % run);
+    4 bits (run 8): low nibbles of the 4 bytes are k 0..3 of the slot, high nibbles k 4..7.
     """
     E, np_, kp, d0 = w.shape[0], h["np"], h["kp"], h["data_offset"]
-    per_slot = 32 // bits
-    raw = w[:, d0:d0 + np_ * kp * bits // 8].reshape(E, np_ // 16, kp // per_slot, 16, 4)
+    run = FORMAT_ROWS[h["format"]]["k_run"]
+    raw = w[:, d0:d0 + np_ * kp * bits // 8].reshape(E, np_ // 16, kp // run, 16, run * bits // 8)
     if bits == 16:
         c = raw.contiguous().view(torch.int16)  # [E, nb, slots, 16, 2]
     elif bits == 8:
@@ -68,9 +68,10 @@ def _scales(w: torch.Tensor, h: dict, row: dict) -> torch.Tensor:
     ng = h["kp"] // h["group"]
     if row["scales"] == "f32_per_row":
         return w[:, s0:s0 + np_ * 4].contiguous().view(torch.float32).reshape(E, np_, 1)
-    if row["scales"] == "bf16_per_block_group":  # per (block, group): 16 bf16, one per column
-        sc = _bf16_from_u8(w[:, s0:s0 + np_ * ng * 2]).reshape(E, np_ // 16, ng, 16).float()
-        return sc.permute(0, 1, 3, 2).reshape(E, np_, ng)
+    if row["scales"] in ("bf16_per_block_group", "f32_per_block_group"):  # per (block, group): 16, one per column
+        raw = w[:, s0:s0 + np_ * ng * row["scale_bytes"]].contiguous()
+        sc = (_bf16_from_u8(raw) if row["scale_bytes"] == 2 else raw.view(torch.float32)).float()
+        return sc.reshape(E, np_ // 16, ng, 16).permute(0, 1, 3, 2).reshape(E, np_, ng)
     raise ValueError(f"unpack: scale layout {row['scales']!r} is not decoded here")
 
 
@@ -84,6 +85,8 @@ def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
         values = codes.float() - row["code_offset"]
     elif row["codes"] == "codebook":
         values = torch.tensor(row["codebook"], dtype=torch.float32)[codes.long()]
+    elif row["codes"] == "e4m3":
+        values = codes.contiguous().view(torch.float8_e4m3fn).float()
     else:
         raise ValueError(f"unpack: codes {row['codes']!r} are not decoded here")
     E, np_, kp = values.shape
@@ -108,7 +111,7 @@ def unpack_matrix(w: torch.Tensor) -> Tuple[torch.Tensor, dict]:
 def unpack_experts(parts: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, torch.Tensor, str]:
     """[(w13, w2)] per NUMA part (split along I) -> (gate_up [E, 2I, H], down [E, H, I], format).
 
-    bf16 comes back as bf16 (exact), int8 / int4 as fp32 (dequantized).
+    bf16 comes back as bf16 (exact), int8 / int4 / fp8 as fp32 (dequantized).
     """
     gates, ups, downs, fmt = [], [], [], None
     for w13, w2 in parts:

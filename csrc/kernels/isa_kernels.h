@@ -39,6 +39,10 @@ struct IsaKernels {
                     int64_t b0, int64_t b1, float* c, int64_t ldc);
   void (*gemm_int4)(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m,
                     int64_t b0, int64_t b1, float* c, int64_t ldc);
+  // kFP8 (fp8_format.h), a: bf16 rows [M, lda] (lda >= kp, zero past k): per column, each
+  // k-group's partial sum in fp32, then one multiply-add by its scale.
+  void (*gemm_fp8)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
+                   int64_t b0, int64_t b1, float* c, int64_t ldc);
 
   // h[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < n.
   void (*silu_mul)(const float* gate, const float* up, float* h, int64_t n);
@@ -73,6 +77,8 @@ struct IsaKernels {
                  int64_t b1, float* c, int64_t ldc);                                              \
   void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,      \
                  int64_t b1, float* c, int64_t ldc);                                              \
+  void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,          \
+                int64_t b0, int64_t b1, float* c, int64_t ldc);                                   \
   void silu_mul(const float* gate, const float* up, float* h, int64_t n);                         \
   void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha,           \
                   float limit);                                                                   \

@@ -21,6 +21,11 @@
 //          keep the first; a candidate that is 0 in bf16 is skipped.
 //          All-zero v (or a range below bf16's) gives d = 0, q = 0. Padded columns
 //          hold q = 0; groups or rows entirely in padding hold q = 0, d = 0.
+//   kFP8   per (row, group) of valid values v: s = max|v| / 448 (fp32), the byte
+//          e4m3_from_float(v / s) (round to nearest even; s = 0: byte 0), at the pair
+//          offset of fp8_format.h, and s in the row's (block, group) scale record.
+//          Padded columns, groups and rows hold byte 0 and s = 0. (FP8 checkpoints keep
+//          their own bytes and scales: pack_fp8.h.)
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
@@ -45,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fp8_format.h"
 #include "kernels/generic/bf16_scalar.h"
 
 namespace ktmoe {
@@ -183,6 +189,18 @@ void pack_row_int4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
   }
 }
 
+void pack_row_fp8(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data, uint8_t* scales) {
+  for (int64_t g = 0; g < h.kp / h.group; ++g) {
+    const int64_t c0 = g * h.group, c1 = std::min<int64_t>(h.k, c0 + h.group);
+    float amax = 0.f;
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[c]));
+    const float s = amax / 448.f;
+    if (s > 0.f)
+      for (int64_t c = c0; c < c1; ++c) data[fp8_data_offset(h.kp, pr, c)] = e4m3_from_float(w[c] / s);
+    store_f32(scales + fp8_scale_offset(h.kp, h.group, pr, g), s);
+  }
+}
+
 void check_header(const PackedMatrixHeader& h) {
   if (h.magic != kPackedMagic || h.version != kPackedVersion)
     throw std::invalid_argument("pack_matrix: header has a bad magic or version");
@@ -258,6 +276,9 @@ void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uin
         if (w) pack_row_bf16(header, pr, w, data);
         break;
       case WeightFormat::kINT8: pack_row_int8(header, pr, w, data, scales); break;
+      case WeightFormat::kFP8:
+        if (w) pack_row_fp8(header, pr, w, data, scales);
+        break;
       case WeightFormat::kINT4:
         if (w) {
           pack_row_int4(header, pr, w, data, scales, q_buf.data(), q_buf.data() + header.group);

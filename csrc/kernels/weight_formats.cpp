@@ -10,21 +10,26 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/fp8_format.h"
 #include "kernels/isa_kernels.h"
 
 namespace ktmoe {
 namespace {
 
-// Columns in WeightFormatTraits order: id, name, code_bits, group, default_group, scales, scale_bytes,
+// Columns in WeightFormatTraits order: id, name, code_bits, k_run, group, default_group, scales, scale_bytes,
 // activations, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
+// fp8 (fp8_format.h): group 128 is DeepSeek-V3's weight_block_size; packed from dense weights its
+// scales are amax / 448 per (row, group), from an FP8 checkpoint the checkpoint's own (exact).
 constexpr WeightFormatTraits kRows[] = {
-    {WeightFormat::kBF16, "bf16", 16, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
+    {WeightFormat::kBF16, "bf16", 16, 2, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
      "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
-    {WeightFormat::kINT8, "int8", 8, GroupRule::kRow, 0, ScaleLayout::kF32PerRow, 4, ActivationRows::kInt8,
+    {WeightFormat::kINT8, "int8", 8, 4, GroupRule::kRow, 0, ScaleLayout::kF32PerRow, 4, ActivationRows::kInt8,
      "gemm_int8", nullptr, &IsaKernels::gemm_int8, CodeValue::kOffset, 128, nullptr, 0.03},
-    {WeightFormat::kINT4, "int4", 4, GroupRule::kChosen, kDefaultInt4Group, ScaleLayout::kBF16PerBlockGroup, 2,
+    {WeightFormat::kINT4, "int4", 4, 8, GroupRule::kChosen, kDefaultInt4Group, ScaleLayout::kBF16PerBlockGroup, 2,
      ActivationRows::kInt8, "gemm_int4", nullptr, &IsaKernels::gemm_int4, CodeValue::kCodebook, 0, kInt4Levels,
      0.15},
+    {WeightFormat::kFP8, "fp8", 8, 2, GroupRule::kChosen, kFp8BlockGroup, ScaleLayout::kF32PerBlockGroup, 4,
+     ActivationRows::kBF16, "gemm_fp8", &IsaKernels::gemm_fp8, nullptr, CodeValue::kE4m3, 0, nullptr, 0.08},
 };
 constexpr int kCount = int(sizeof(kRows) / sizeof(kRows[0]));
 
@@ -35,7 +40,8 @@ constexpr bool rows_are_consistent() {
     if (int(r.id) != i || bf16_gemm == int8_gemm || bf16_gemm != (r.activations == ActivationRows::kBF16) ||
         (r.scales == ScaleLayout::kNone) != (r.scale_bytes == 0) ||
         (r.group == GroupRule::kChosen) != (r.default_group > 0) ||
-        (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr))
+        (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr) ||
+        (r.codes == CodeValue::kE4m3) != (r.scales == ScaleLayout::kF32PerBlockGroup) || r.k_run < 2)
       return false;
   }
   return true;

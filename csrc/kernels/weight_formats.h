@@ -6,7 +6,7 @@
 //
 //   name, id            parsing and naming (ops/weight_format.cpp), the cache key,
 //                       the Python list (_C.weight_formats(), ops.WEIGHT_FORMATS)
-//   code_bits, group,   the header and blob sizes (pack.cpp packed_matrix_header,
+//   code_bits, k_run,   the header and blob sizes (pack.cpp packed_matrix_header,
 //   scales              packed_format.h block_data_bytes, packed_header_check.cpp)
 //   activations, gemm   what the driver feeds the format's gemm and which IsaKernels
 //                       entry it calls (moe_driver.cpp); every ISA fills every entry
@@ -23,7 +23,7 @@
 namespace ktmoe {
 
 // The id stored in PackedMatrixHeader::format: never renumber (cache files keep it).
-enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2 };
+enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2, kFP8 = 3 };
 
 struct IsaKernels;
 struct PackedMatrixHeader;
@@ -42,6 +42,7 @@ enum class ScaleLayout : uint8_t {
   kNone = 0,
   kF32PerRow = 1,         // float s[np]
   kBF16PerBlockGroup = 2, // per (block, group): 16 bf16 d, one per column of the block
+  kF32PerBlockGroup = 3,  // per (block, group): 16 fp32 s, one per column of the block
 };
 
 // The activation rows a format's gemm multiplies (prepared by the driver).
@@ -55,6 +56,7 @@ enum class CodeValue : uint8_t {
   kBF16 = 0,      // the code is the bf16 weight itself
   kOffset = 1,    // code - code_offset
   kCodebook = 2,  // codebook[code]
+  kE4m3 = 3,      // the code byte is an e4m3fn value (fp8_format.h)
 };
 
 using GemmBF16Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda,
@@ -66,6 +68,8 @@ struct WeightFormatTraits {
   WeightFormat id;
   const char* name;            // "bf16": the name users pass and cache keys store (< 8 chars)
   int code_bits;               // bits of one stored weight code: a block is kp * 16 * code_bits / 8 bytes
+  int k_run;                   // inputs of one column stored side by side in a block: 2 (pairs), 4 (quads),
+                               // 8 (int4's octets: quads in the low, then the high nibbles)
   GroupRule group;
   int64_t default_group;       // kChosen: the group of group_size 0
   ScaleLayout scales;
@@ -96,7 +100,7 @@ const WeightFormatTraits* find_format_traits(const std::string& name);
 // The row of a valid format (std::invalid_argument for an id no row has).
 const WeightFormatTraits& format_traits(WeightFormat format);
 
-// "'bf16', 'int8' or 'int4'" and "0 (bf16), 1 (int8) or 2 (int4)": for error messages.
+// "'bf16', 'int8', 'int4' or 'fp8'" and "0 (bf16), 1 (int8), 2 (int4) or 3 (fp8)": for error messages.
 std::string weight_format_names();
 std::string weight_format_ids();
 

@@ -27,6 +27,9 @@ struct PackPlan {
 };
 PackPlan plan_pack(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
                    c10::string_view weight_format, int64_t group_size);
+// The shape checks and headers of any pack op (`op` names it in errors); dtypes are the op's own.
+PackPlan plan_pack_shapes(const char* op, const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
+                          const at::Tensor& down, WeightFormat format, int64_t group_size);
 
 // gate_up [E, 2I, H] (or gate [E, I, H] with up [E, I, H]), down [E, H, I]
 // -> (w13 [E, B13], w2 [E, B2]) uint8 on the default CPU allocator.
@@ -40,6 +43,20 @@ std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
 void pack_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
                       c10::string_view weight_format, int64_t group_size, const at::Tensor& w13,
                       const at::Tensor& w2);
+
+// An FP8 checkpoint's experts, bytes and scales kept: gate_up [E, 2I, H] (or gate with up
+// [E, I, H]), down [E, H, I] float8_e4m3fn; scales fp32 per (row, k-group of group_size
+// inputs, 0 -> 128): gate_up_scale [E, 2I, ceil(H/g)] (or gate / up_scale [E, I, ceil(H/g)]),
+// down_scale [E, H, ceil(I/g)] -> (w13 [E, B13], w2 [E, B2]) uint8 in kFP8.
+std::tuple<at::Tensor, at::Tensor> pack_fp8_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
+                                                    const at::Tensor& down, const at::Tensor& gate_up_scale,
+                                                    const c10::optional<at::Tensor>& up_scale,
+                                                    const at::Tensor& down_scale, int64_t group_size);
+// The same into outputs the caller allocated (as pack_experts_out).
+void pack_fp8_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                          const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale,
+                          const at::Tensor& down_scale, int64_t group_size, const at::Tensor& w13,
+                          const at::Tensor& w2);
 
 // Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,

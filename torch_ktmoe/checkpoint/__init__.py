@@ -3,7 +3,7 @@
 * :mod:`.safetensors_dir` -- :class:`SafetensorsCheckpoint`, a directory of shards read a tensor or a row at a time;
 * :mod:`.fused_layout` -- :class:`FusedLayout`, the row order of fused ``gate_up`` / ``down`` tensors;
 * one module per reader kind: :mod:`.dense` (fused tensors, :data:`PER_EXPERT_LAYOUTS`),
-  :mod:`.mxfp4` (gpt-oss); :mod:`.experts` -- :func:`find_experts` picks one (:data:`READERS`);
+  :mod:`.mxfp4` (gpt-oss), :mod:`.fp8` (FP8 blocks or rows); :mod:`.experts` -- :func:`find_experts` picks one (:data:`READERS`);
 * :mod:`.fingerprint` -- :func:`checkpoint_fingerprint`, what a checkpoint's packed cache files are checked against;
 * :mod:`.load` -- :func:`load_experts`, the recipe each host runs per experts block (cache hit, else pack).
 
@@ -13,13 +13,15 @@ package imports the core only.
 from .dense import PER_EXPERT_LAYOUTS, FusedExperts, PerExpertTensors
 from .experts import READERS, find_experts
 from .fingerprint import checkpoint_fingerprint
+from .fp8 import Fp8Experts, dequantize_fp8, group_scales
 from .fused_layout import CONCATENATED, FusedLayout
-from .load import as_kernel_input, load_experts, make_ktmoe, utf8_path
+from .load import as_kernel_input, load_experts, make_ktmoe, reader_experts, utf8_path
 from .mxfp4 import Mxfp4Experts, dequantize_mxfp4, quantize_mxfp4
 from .safetensors_dir import SafetensorsCheckpoint
 
 __all__ = [
     "SafetensorsCheckpoint", "FusedLayout", "CONCATENATED", "PER_EXPERT_LAYOUTS", "FusedExperts", "PerExpertTensors",
-    "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "READERS", "find_experts", "checkpoint_fingerprint",
-    "make_ktmoe", "as_kernel_input", "load_experts", "utf8_path",
+    "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "Fp8Experts", "dequantize_fp8", "group_scales", "READERS",
+    "find_experts", "checkpoint_fingerprint", "make_ktmoe", "as_kernel_input", "load_experts", "reader_experts",
+    "utf8_path",
 ]

@@ -1,7 +1,8 @@
 """Dense experts in a checkpoint (bf16 / fp16 / fp32): stacked in two fused tensors, or one tensor per expert.
 
 Both readers yield, per expert id, ``(gate_up [2I, H], down [H, I])`` (gate rows first) in the
-checkpoint's dtype, reading one expert at a time; shapes are checked before anything is read.
+checkpoint's dtype, reading one expert at a time; shapes and dtypes are checked before anything is
+read: a tensor that is not fp32 / bf16 / fp16 is refused by :func:`expect_dense`, never converted.
 """
 from __future__ import annotations
 
@@ -11,6 +12,29 @@ import torch
 
 from .fused_layout import CONCATENATED, FusedLayout
 from .safetensors_dir import SafetensorsCheckpoint
+
+DENSE_DTYPES = ("F32", "BF16", "F16")  # safetensors' names of the dtypes read as weights
+# Name fragments of the tensors quantized encodings keep beside (or instead of) a weight.
+COMPANION_MARKERS = ("scale", "zero", "qweight", "qzeros", "weight_packed", "weight_shape", "g_idx", "_blocks")
+
+
+def companions(ckpt: SafetensorsCheckpoint, key: str) -> list[str]:
+    """The quantization companions of ``key`` in the checkpoint: keys of its module (``key`` without its last
+    component) named like scales, zero points or packed codes."""
+    module = key.rsplit(".", 1)[0] + "."
+    return [k for k in ckpt.keys_under(module)
+            if k != key and any(m in k[len(module):] for m in COMPANION_MARKERS)]
+
+
+def expect_dense(ckpt: SafetensorsCheckpoint, key: str) -> None:
+    """ValueError naming ``key``, its dtype and its quantization companions unless it is fp32 / bf16 / fp16."""
+    dtype = ckpt.dtype(key)
+    if dtype not in DENSE_DTYPES:
+        raise ValueError(
+            f"{key}: expert weight of dtype {dtype} in {ckpt.path}; torch_ktmoe reads fp32 / bf16 / fp16 experts, "
+            f"FP8 (F8_E4M3 with its weight_scale_inv / weight_scale) and gpt-oss MXFP4, and refuses anything "
+            f"else rather than read codes as numbers; companion tensors found: {companions(ckpt, key) or 'none'}")
+
 
 # (gate, up, down) key suffixes under "<prefix>.<expert>."
 PER_EXPERT_LAYOUTS = (
@@ -48,8 +72,9 @@ class FusedExperts:
                  num_experts: Optional[int], layout: FusedLayout):
         E = ckpt.shape(gate_up_key)[0] if num_experts is None else num_experts
         shapes = layout.shapes(E, hidden_size, intermediate_size)
-        ckpt.expect_shape(gate_up_key, shapes["gate_up_proj"])
-        ckpt.expect_shape(down_key, shapes["down_proj"])
+        for key, name in ((gate_up_key, "gate_up_proj"), (down_key, "down_proj")):
+            ckpt.expect_shape(key, shapes[name])
+            expect_dense(ckpt, key)
         self.ckpt, self.gate_up_key, self.down_key, self.layout = ckpt, gate_up_key, down_key, layout
 
     def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -89,5 +114,6 @@ class PerExpertTensors:
                 raise KeyError(f"expert {e} is missing in {self.ckpt.path}: {missing}")
             for key, shape in zip(keys, self.shapes):
                 self.ckpt.expect_shape(key, shape)
+                expect_dense(self.ckpt, key)
             gate, up, down = (self.ckpt.get(k) for k in keys)
             yield torch.cat([gate, up]), down

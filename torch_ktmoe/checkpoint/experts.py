@@ -1,7 +1,6 @@
 """Find one experts block in a checkpoint: the first reader kind whose keys are there, at the first prefix.
 
-Every reader kind has one module (``dense``, ``mxfp4``; FP8 blocks and int4 groups come the
-same way) and one class with the same three members:
+Every reader kind has one module (``dense``, ``mxfp4``, ``fp8``; int4 groups come the same way) and one class with the same three members:
 
 * ``probe_keys(prefix)`` -- the keys it looks for (named in the error when nothing is found);
 * ``find(ckpt, prefix, hidden_size, intermediate_size, num_experts=None, layout=CONCATENATED)``
@@ -15,11 +14,25 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from .dense import FusedExperts, PerExpertTensors
+from .fp8 import Fp8Experts
 from .fused_layout import CONCATENATED, FusedLayout
 from .mxfp4 import Mxfp4Experts
 from .safetensors_dir import SafetensorsCheckpoint
 
-READERS = (FusedExperts, Mxfp4Experts, PerExpertTensors)  # tried in this order at each prefix
+READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, PerExpertTensors)  # tried in this order at each prefix
+# Keys of encodings no reader knows (int4 groups), refused by name instead of "no experts found".
+UNREAD_ENCODINGS = {"qweight": "GPTQ / AWQ int4 (qweight, qzeros, scales)",
+                    "weight_packed": "compressed-tensors pack-quantized int4 (weight_packed, weight_scale)"}
+
+
+def refuse_unread_encoding(ckpt: SafetensorsCheckpoint, prefix: str) -> None:
+    """ValueError naming the first tensor under ``prefix`` of an encoding no reader knows."""
+    for key in ckpt.keys_under(prefix + "."):
+        for marker, what in UNREAD_ENCODINGS.items():
+            if key.endswith(marker):
+                raise ValueError(f"{key}: the experts under {prefix} are {what}, which torch_ktmoe does not read "
+                                 f"(it reads fp32 / bf16 / fp16, FP8 with its scales and gpt-oss MXFP4); "
+                                 f"in {ckpt.path}")
 
 
 def find_experts(ckpt: SafetensorsCheckpoint, prefixes: Iterable[str], hidden_size: int, intermediate_size: int, *,
@@ -32,4 +45,5 @@ def find_experts(ckpt: SafetensorsCheckpoint, prefixes: Iterable[str], hidden_si
             if found is not None:
                 return found
             tried.extend(reader.probe_keys(prefix))
+        refuse_unread_encoding(ckpt, prefix)
     raise KeyError(f"no experts of {what} in {ckpt.path}; looked for {tried}")

@@ -7,6 +7,8 @@
 names, sizes, mtimes, safetensors headers and content samples, plus the host's salt) and ``key`` the
 block within it; together they are the fingerprint the cache files are checked against, so a hit
 reads nothing from the checkpoint.
+``reader_experts(reader, ids, weight_format, group_size)`` is what a host hands it: an FP8
+checkpoint's e4m3 bytes and scales as they are when the target is ``fp8``, else dense weights.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import torch
 from ..cache import layer_fingerprint
 from ..paths import utf8_path
 from ..layer import KTMoE
+from .fp8 import BLOCK as FP8_GROUP
 
-KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)  # packed as they are; anything else goes through fp32
+KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)  # packed as they are; fp16 goes through fp32
+DENSE_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the dtypes read as weight values
 
 
 def make_ktmoe(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -34,11 +38,25 @@ def make_ktmoe(num_experts: int, top_k: int, hidden_size: int, intermediate_size
                  **ktmoe_kwargs)
 
 
-def as_kernel_input(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``t`` in ``dtype``; with None, bf16 / fp32 as they are and anything else as fp32."""
+def as_kernel_input(t: torch.Tensor, dtype: Optional[torch.dtype] = None, name: str = "expert weights") -> torch.Tensor:
+    """``t`` in ``dtype``; with None, bf16 / fp32 as they are and fp16 as fp32. Integer, bool and fp8
+    tensors are refused (ValueError naming ``name`` and the dtype): their values are codes, not weights."""
+    if t.dtype not in DENSE_INPUT_DTYPES:
+        raise ValueError(f"{name}: dtype {t.dtype}; dense expert weights must be float32, bfloat16 or float16 "
+                         "(quantized codes are not weights: an FP8 checkpoint needs its scales, see "
+                         "torch_ktmoe.checkpoint.fp8)")
     if dtype is None:
         dtype = t.dtype if t.dtype in KERNEL_INPUT_DTYPES else torch.float32
     return t.to(dtype)
+
+
+def reader_experts(reader, ids, weight_format: str, group_size: int = 0):
+    """What :func:`load_experts` packs from ``reader``: its exact e4m3 experts with their scales per
+    (row, k-group) (``fp8_experts``) when the target format is ``"fp8"`` and the reader has them,
+    else its dense ``experts(ids)``."""
+    if weight_format == "fp8" and hasattr(reader, "fp8_experts"):
+        return reader.fp8_experts(ids, group_size or FP8_GROUP)
+    return reader.experts(ids)
 
 
 @torch.no_grad()
@@ -47,7 +65,9 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
                  dtype: Optional[torch.dtype] = None, mmap_experts_dir=None, **ktmoe_kwargs) -> KTMoE:
     """A loaded KTMoE of one experts block.
 
-    ``experts``: per slot ``0..num_experts-1``, ``(gate_up [2I, H], down [H, I])``; a lazy iterable
+    ``experts``: per slot ``0..num_experts-1``, ``(gate_up [2I, H], down [H, I])``, or
+    ``(gate_up, down, gate_up_scale, down_scale)`` of an FP8 checkpoint (e4m3, see
+    :func:`reader_experts`; packed exactly into ``weight_format="fp8"``); a lazy iterable
     (a reader's ``experts(ids)``), consumed only when the cache has no valid files for
     ``layer_fingerprint(source, key)``. ``dtype``: what the experts are handed to the packer in
     (see :func:`as_kernel_input`). ``ktmoe_kwargs`` (``weight_format``, ``layer_idx``, ``cache``,
@@ -57,7 +77,11 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
                      **ktmoe_kwargs)
     fingerprint = layer_fingerprint(source, key)
     if not ktm.try_load_cached(fingerprint):
-        for slot, (gate_up, down) in enumerate(experts):
-            ktm.load_expert(slot, as_kernel_input(gate_up, dtype), as_kernel_input(down, dtype),
-                            fingerprint=fingerprint)
+        for slot, (gate_up, down, *scales) in enumerate(experts):
+            if scales:  # e4m3 with its scales: as they are
+                ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
+                                fingerprint=fingerprint)
+            else:
+                ktm.load_expert(slot, as_kernel_input(gate_up, dtype), as_kernel_input(down, dtype),
+                                fingerprint=fingerprint)
     return ktm

@@ -54,6 +54,14 @@ class SafetensorsCheckpoint:
         """``tensor[i]`` of a stacked tensor, reading only that slice."""
         return self._open(self.key_to_file[key]).get_slice(key)[i]
 
+    def dtype(self, key: str) -> str:
+        """safetensors' name of ``key``'s dtype: ``"BF16"``, ``"F32"``, ``"F8_E4M3"``, ``"I32"``..."""
+        return self._open(self.key_to_file[key]).get_slice(key).get_dtype()
+
+    def keys_under(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix``, sorted."""
+        return sorted(k for k in self.key_to_file if k.startswith(prefix))
+
     def shape(self, key: str) -> list[int]:
         return list(self._open(self.key_to_file[key]).get_slice(key).get_shape())
 

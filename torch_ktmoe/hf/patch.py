@@ -105,6 +105,23 @@ def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, attr, new)
 
+DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+COMPANION_MARKERS = ("scale", "zero", "qweight", "qzeros", "packed", "g_idx", "_blocks")
+
+
+def check_dense_dtype(block: ExpertsBlock, pname: str) -> None:
+    """ValueError naming ``block.pname``, its dtype and the block's quantization companions unless it is
+    fp32 / bf16 / fp16 (integer or fp8 tensors are codes; packing them as numbers would be silently wrong)."""
+    t = getattr(block.module, pname)
+    if t.dtype in DENSE_DTYPES:
+        return
+    found = [n for n, _ in [*block.module.named_parameters(), *block.module.named_buffers()]
+             if any(m in n for m in COMPANION_MARKERS)]
+    raise ValueError(f"{block.name}.{pname}: dtype {t.dtype}; patch_model packs fp32 / bf16 / fp16 experts (an FP8 "
+                     f"checkpoint loads through torch_ktmoe.hf.from_pretrained); companion tensors found: "
+                     f"{found or 'none'}")
+
+
 def adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
     E, H, I = experts_dims(block.module)
     layout = layout_of(block.module)
@@ -179,6 +196,7 @@ def patch_model(
                     f"{b.name}.{pname} is on the meta device; load the weights first "
                     "(or use torch_ktmoe.hf.from_pretrained)"
                 )
+            check_dense_dtype(b, pname)
     report = PatchReport(refused=list(refused))
     if cache is not None:
         ktmoe_kwargs["cache"] = cache

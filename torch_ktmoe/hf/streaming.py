@@ -18,10 +18,11 @@ import os
 
 import torch
 
-from ..checkpoint import SafetensorsCheckpoint, checkpoint_fingerprint, find_experts, load_experts
+from ..checkpoint import SafetensorsCheckpoint, checkpoint_fingerprint, find_experts, load_experts, reader_experts
 from ..memory import release_free_heap
 from . import packed_dir
 from .experts import experts_dims
+from .fp8_dense import dequantize_loaded_fp8, is_scale_key
 from .load_hook import before_and_after_weight_loading
 from .patch import (
     PatchReport,
@@ -62,17 +63,30 @@ def _resolve_dir(path) -> str:
     return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.ktmoe"])
 
 
-def _config_without_mxfp4(path: str, hf_kwargs: dict):
-    """The config of an MXFP4 checkpoint (gpt-oss) without its quantization_config, else None.
+QUANT_METHODS = ("fp8", "mxfp4")  # the quantization_config.quant_method values read here
 
-    Its experts are dequantized expert by expert by the streaming loader; everything else in
-    such a checkpoint is plain bf16, so transformers must not set up its own MXFP4 quantizer."""
+
+def quant_method(config) -> str | None:
+    """``config.quantization_config.quant_method`` as a string (None: not quantized)."""
+    qc = getattr(config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return None if method is None else str(getattr(method, "value", method))
+
+
+def _streaming_config(path: str, hf_kwargs: dict):
+    """The config to hand transformers, or None for its own. MXFP4 (gpt-oss): without its
+    quantization_config (the experts are dequantized expert by expert here, the rest is bf16);
+    FP8: without it too (the experts stream here, the other FP8 weights are dequantized after the
+    load by :mod:`.fp8_dense`); another quant_method: ValueError naming it."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=hf_kwargs.get("trust_remote_code", False))
-    qc = getattr(config, "quantization_config", None)
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    if str(getattr(method, "value", method)) != "mxfp4":
+    method = quant_method(config)
+    if method is not None and method not in QUANT_METHODS:
+        raise ValueError(f"{path}: quantization_config.quant_method {method!r} is not read by "
+                         f"torch_ktmoe.hf.from_pretrained; it reads {QUANT_METHODS[0]!r} (FP8 blocks or rows) and "
+                         f"{QUANT_METHODS[1]!r} checkpoints and unquantized ones")
+    if method is None:
         return None
     del config.quantization_config
     return config
@@ -88,7 +102,7 @@ def _transformers_kwargs(pretrained_model_name_or_path, dtype, hf_kwargs: dict) 
         raise ValueError("torch_ktmoe.hf.from_pretrained does not combine with a transformers quantization_config")
     path = _resolve_dir(pretrained_model_name_or_path)
     if "config" not in hf_kwargs:
-        config = _config_without_mxfp4(path, hf_kwargs)
+        config = _streaming_config(path, hf_kwargs)
         if config is not None:
             hf_kwargs["config"] = config
     return path, hf_kwargs
@@ -101,19 +115,19 @@ class _EmptyExpertsSwap:
     an empty :class:`KTMoEExperts` (``entries``: block, E, H, I, adapter), so transformers never
     materializes a dense expert; unsupported ones are refused (``strict``) or listed in ``refused``.
     ``after(model, info)``: the checkpoint's dense expert keys, skipped on purpose, are not
-    reported as unexpected."""
+    reported as unexpected; nor are the scales of an FP8 checkpoint's other weights (``fp8_scales``,
+    applied by :func:`.fp8_dense.dequantize_loaded_fp8`)."""
 
     def __init__(self, strict: bool):
         self.strict = strict
         self.entries: list = []
         self.refused: list[RefusedBlock] = []
+        self.fp8_scales: list[str] = []
 
     def before(self, model) -> None:
-        if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
-            raise ValueError(
-                f"{type(model).__name__}: quantized checkpoints (config.quantization_config) are not supported; "
-                "dequantize the checkpoint to bf16 first"
-            )
+        method = quant_method(model.config)
+        if method is not None and method not in QUANT_METHODS:
+            raise ValueError(f"{type(model).__name__}: quantization_config.quant_method {method!r} is not supported")
         blocks, refused = find_experts_blocks(model)
         if refused and self.strict:
             raise refusal_error(model, refused)
@@ -138,6 +152,9 @@ class _EmptyExpertsSwap:
         for k in list(unexpected):
             if any(k.startswith(p) for p in prefixes):
                 unexpected.discard(k)
+            elif is_scale_key(k):
+                self.fp8_scales.append(k)
+                unexpected.discard(k)
 
 
 def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool):
@@ -158,10 +175,11 @@ def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool)
     return model, swap
 
 
-def _stream_experts(model, path: str, entries, weight_format: str, mmap_experts_dir, ktmoe_kwargs: dict,
+def _stream_experts(model, path: str, entries, weight_format: str | None, mmap_experts_dir, ktmoe_kwargs: dict,
                     report: PatchReport, progress: bool) -> None:
     """Per experts block, a KTMoE that maps its valid cache files or is filled expert by expert from the
-    safetensors shards (in the model's dtype if fp32/bf16, else fp32)."""
+    safetensors shards (in the model's dtype if fp32/bf16, else fp32; FP8 experts into ``fp8`` as they are).
+    ``weight_format`` None: ``fp8`` for FP8 experts, else ``bf16``."""
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
     source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
@@ -173,8 +191,10 @@ def _stream_experts(model, path: str, entries, weight_format: str, mmap_experts_
         for b, E, H, I, adapter in entries:
             reader = find_experts(ckpt, candidate_prefixes(b.name, model.base_model_prefix), H, I, num_experts=E,
                                   layout=adapter.layout, what=f"{b.name} ({b.class_name})")
-            ktm = load_experts(E, adapter.top_k, H, I, reader.experts(range(E)), source=source, key=b.name,
-                               dtype=stream_dtype, mmap_experts_dir=mmap_experts_dir, weight_format=weight_format,
+            fmt = weight_format or ("fp8" if hasattr(reader, "fp8_experts") else "bf16")
+            experts = reader_experts(reader, range(E), fmt, ktmoe_kwargs.get("group_size", 0))
+            ktm = load_experts(E, adapter.top_k, H, I, experts, source=source, key=b.name,
+                               dtype=stream_dtype, mmap_experts_dir=mmap_experts_dir, weight_format=fmt,
                                layer_idx=b.layer_idx, **{**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
             adapter.ktmoe = ktm
             account(report, b, ktm, 0)
@@ -204,6 +224,13 @@ def from_pretrained(
     without ever holding the dense experts. Returns the model; ``model.ktmoe_report``
     is the :class:`PatchReport`.
 
+    An FP8 checkpoint (``quantization_config.quant_method == "fp8"``: e4m3 weights with
+    128 x 128 block or per-row scales, DeepSeek-V3 / Qwen3-FP8) streams its experts into
+    ``weight_format="fp8"`` by default, bytes and scales as they are (no dequantized copy
+    of an expert ever exists), or dequantizes them expert by expert into another format on
+    request; its non-expert FP8 weights are dequantized in place after transformers loads
+    them (:mod:`.fp8_dense`). Other ``quant_method`` values are refused by name.
+
     ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
     the cache fingerprint of a layer is the checkpoint's (its files' names, sizes, mtimes,
     safetensors headers and content samples: :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`)
@@ -223,14 +250,14 @@ def from_pretrained(
     if cache is not None:
         ktmoe_kwargs["cache"] = cache
     model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
+    dequantize_loaded_fp8(model, path, swap.fp8_scales)
     report = PatchReport(refused=list(swap.refused))
     if packed is not None:
         packed_dir.map_packed_layers(path, packed["manifest"], packed["by_module"], swap.entries, ktmoe_kwargs, report)
         model.ktmoe_report = report
         mark_config(model)
         return model
-    _stream_experts(model, path, swap.entries, weight_format or "bf16", mmap_experts_dir, ktmoe_kwargs, report,
-                    progress)
+    _stream_experts(model, path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report, progress)
     if not report.refused:
         mark_config(model)
     release_free_heap()  # the dense staging buffers of the stream, back to the OS

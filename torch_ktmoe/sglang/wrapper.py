@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe,
-                          utf8_path)
+                          reader_experts, utf8_path)
 from ..layer import KTMoE
 from .checkpoint import check_weight_path, layer_experts
 
@@ -46,16 +46,17 @@ METHOD_FORMATS = {
     "BF16": "bf16",
     "INT8": "int8", "AMXINT8": "int8", "MOE_INT8": "int8",
     "INT4": "int4", "AMXINT4": "int4", "RAWINT4": "int4", "MOE_INT4": "int4",
+    "FP8": "fp8", "FP8_PERCHANNEL": "fp8",  # e4m3 + 128x128 block / per-row scales, packed exactly
 }
 
 
 def weight_format_of(method: str) -> str:
-    """``--kt-method`` -> ``"bf16" | "int8" | "int4"``; ValueError naming it and the supported ones."""
+    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8"``; ValueError naming it and the supported ones."""
     fmt = METHOD_FORMATS.get(str(method).upper())
     if fmt is None:
-        raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8 and "
-                         f"int4 from bf16/fp32 safetensors; FP8, GPTQ and kt-kernel's pre-converted AMX files are "
-                         f"not read); supported methods: {sorted(METHOD_FORMATS)}")
+        raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8, "
+                         f"int4 and fp8 from bf16/fp16/fp32 or FP8 safetensors; GPTQ and kt-kernel's pre-converted "
+                         f"AMX files are not read); supported methods: {sorted(METHOD_FORMATS)}")
     return fmt
 
 
@@ -179,7 +180,8 @@ class KTMoEWrapper:
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
             args, kwargs = self._ktmoe_args()
-            self.moe = load_experts(*args, reader.experts(ids), source=source, key=f"experts:{experts}", **kwargs)
+            self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format), source=source,
+                                    key=f"experts:{experts}", **kwargs)
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
                                   physical_to_logical_map=None) -> None:
@@ -198,8 +200,9 @@ class KTMoEWrapper:
         args, kwargs = self._ktmoe_args()
         moe = make_ktmoe(*args, **kwargs)
         with torch.no_grad(), self._naming_bad_expert(ids, "in the given tensors"):
-            moe.load_weights_separate(as_kernel_input(gate_proj[sel]), as_kernel_input(up_proj[sel]),
-                                      as_kernel_input(down_proj[sel]))
+            moe.load_weights_separate(as_kernel_input(gate_proj[sel], name="gate_proj"),
+                                      as_kernel_input(up_proj[sel], name="up_proj"),
+                                      as_kernel_input(down_proj[sel], name="down_proj"))
         self.moe = moe
 
     @contextlib.contextmanager

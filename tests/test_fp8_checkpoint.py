@@ -1,0 +1,126 @@
+"""FP8 checkpoints end to end: hf.from_pretrained of a tiny Qwen3-MoE- and DeepSeek-V3-shaped FP8 checkpoint
+(experts streamed into fp8 exactly, other weights dequantized) generates transformers' greedy tokens on the
+dequantized weights; the sglang wrapper's FP8 and FP8_PERCHANNEL methods match the dequantized reference."""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import torch_ktmoe
+from torch_ktmoe.reference import moe_reference, relative_error
+from torch_ktmoe.sglang import KTMoEWrapper
+from tests.helpers import FORMAT_TOLERANCE, random_experts
+from tests.helpers.fp8 import dequantize_blocks, fp8_checkpoint, quantize_blocks, quantize_rows
+
+pytest.importorskip("transformers")
+PROMPT = torch.tensor([[3, 17, 42, 8, 99, 5, 61, 23]])
+
+
+def _config(kind):
+    from transformers import DeepseekV3Config, Qwen3MoeConfig
+
+    common = dict(vocab_size=128, hidden_size=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+                  moe_intermediate_size=160, num_experts_per_tok=2)
+    if kind == "qwen3_moe":
+        return Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                              intermediate_size=64, num_hidden_layers=2, num_experts=8)
+    return DeepseekV3Config(**common, intermediate_size=192, num_hidden_layers=3, first_k_dense_replace=1,
+                            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_group=2, topk_group=1,
+                            n_shared_experts=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
+                            qk_nope_head_dim=32, v_head_dim=32)
+
+
+def _dequantized_copy(fp8_dir, dst):
+    """The FP8 checkpoint with every weight dequantized to fp32 and no quantization_config (the reference)."""
+    os.makedirs(dst)
+    t = load_file(os.path.join(fp8_dir, "model.safetensors"))
+    out = {k: (dequantize_blocks(v, t[k + "_scale_inv"]) if v.dtype == torch.float8_e4m3fn else v)
+           for k, v in t.items() if not k.endswith("_scale_inv")}
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(fp8_dir, "config.json")) as f:
+        config = json.load(f)
+    del config["quantization_config"]
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f)
+    return dst
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "deepseek_v3"])
+def fp8_model(request, tmp_path_factory):
+    """(FP8 checkpoint dir, greedy tokens of transformers on its dequantized weights)."""
+    from transformers import AutoModelForCausalLM
+
+    tmp = tmp_path_factory.mktemp(request.param)
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(_config(request.param), dtype=torch.float32).save_pretrained(tmp / "src")
+    fp8_dir = fp8_checkpoint(tmp / "src", tmp / "fp8")
+    ref = AutoModelForCausalLM.from_pretrained(_dequantized_copy(fp8_dir, tmp / "deq"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        seq = ref.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False)
+    return fp8_dir, seq
+
+
+def _greedy(model):
+    with torch.no_grad():
+        return model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False)
+
+
+def test_from_pretrained_streams_fp8_experts_exactly(fp8_model, monkeypatch):
+    import torch_ktmoe.hf as kthf
+
+    fp8_dir, ref_seq = fp8_model
+    seen = set()
+    load_expert = torch_ktmoe.KTMoE.load_expert
+
+    def spy(self, expert, gate_up, down, **kw):
+        seen.add((gate_up.dtype, down.dtype, kw.get("gate_up_scale") is not None))
+        return load_expert(self, expert, gate_up, down, **kw)
+
+    monkeypatch.setattr(torch_ktmoe.KTMoE, "load_expert", spy)
+    model = kthf.from_pretrained(fp8_dir, dtype=torch.float32, progress=False)
+    assert seen == {(torch.float8_e4m3fn, torch.float8_e4m3fn, True)}  # no dequantized expert ever
+    layers = [m.ktmoe for m in model.modules() if hasattr(m, "ktmoe")]
+    assert layers and all(k.weight_format == "fp8" for k in layers)
+    assert torch.equal(_greedy(model), ref_seq)
+
+
+def test_from_pretrained_fp8_into_bf16_on_request(fp8_model):
+    import torch_ktmoe.hf as kthf
+
+    fp8_dir, ref_seq = fp8_model
+    model = kthf.from_pretrained(fp8_dir, dtype=torch.float32, weight_format="bf16", progress=False)
+    assert {m.ktmoe.weight_format for m in model.modules() if hasattr(m, "ktmoe")} == {"bf16"}
+    assert torch.equal(_greedy(model), ref_seq)
+
+
+E, H, I, L = 6, 256, 160, 2
+PREFIX = f"model.layers.{L}.mlp.experts"
+
+
+@pytest.mark.parametrize("method", ["FP8", "FP8_PERCHANNEL"])
+def test_sglang_fp8_methods_match_the_dequantized_reference(tmp_path, method):
+    gate_up, down = random_experts(E, H, I)
+    quantize = quantize_rows if method == "FP8_PERCHANNEL" else quantize_blocks
+    suffix = "weight_scale" if method == "FP8_PERCHANNEL" else "weight_scale_inv"
+    t, deq_gu, deq_dn = {}, [], []
+    for e in range(E):
+        parts = {"gate_proj": gate_up[e, :I], "up_proj": gate_up[e, I:], "down_proj": down[e]}
+        deq = {}
+        for name, w in parts.items():
+            q, s = quantize(w)
+            t[f"{PREFIX}.{e}.{name}.weight"], t[f"{PREFIX}.{e}.{name}.{suffix}"] = q, s
+            deq[name] = q.float() * s if method == "FP8_PERCHANNEL" else dequantize_blocks(q, s)
+        deq_gu.append(torch.cat([deq["gate_proj"], deq["up_proj"]]))
+        deq_dn.append(deq["down_proj"])
+    save_file(t, os.path.join(tmp_path, "model.safetensors"))
+    wrapper = KTMoEWrapper(L, E, 2, H, I, num_gpu_experts=0, weight_path=str(tmp_path), method=method)
+    wrapper.load_weights()
+    assert wrapper.moe.weight_format == "fp8"
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, H, generator=g)
+    w, ids = torch.topk(torch.softmax(torch.randn(7, E, generator=g), -1), 2, dim=-1)
+    out = wrapper.forward(x, ids, w)
+    ref = moe_reference(x, ids, w, torch.stack(deq_gu), torch.stack(deq_dn), "bf16")
+    assert relative_error(out, ref) <= FORMAT_TOLERANCE["bf16"] / 10

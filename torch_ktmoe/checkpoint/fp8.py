@@ -1,0 +1,126 @@
+"""FP8 (e4m3) expert checkpoints: DeepSeek-V3 / R1, Qwen3-*-FP8, GLM-4.5-FP8 and per-channel FP8.
+
+Per expert, ``<prefix>.<e>.{gate,up,down}_proj.weight`` (float8_e4m3fn, [n, k]) with its fp32
+scale, ``weight_scale_inv`` (the name DeepSeek-V3 gives it) or ``weight_scale``:
+
+* block scales [ceil(n/128), ceil(k/128)] (``quantization_config.weight_block_size = [128, 128]``),
+* or one scale per output row, [n] or [n, 1] (sglang's ``--kt-method FP8_PERCHANNEL``);
+
+``w[r, c] = e4m3(q[r, c]) * scale`` of the block (or row) holding (r, c).
+
+:class:`Fp8Experts` reads them one expert at a time, either exactly (:meth:`~Fp8Experts.fp8_experts`:
+the e4m3 tensors and the scales per (row, k-group) that ``torch_ktmoe.ops.pack_fp8_experts``
+packs into the ``fp8`` format as they are) or dequantized to fp32 (:meth:`~Fp8Experts.experts`,
+for the other formats). No dequantized copy of a layer is ever made in the exact path.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from .dense import PER_EXPERT_LAYOUTS
+from .fused_layout import CONCATENATED, FusedLayout
+
+BLOCK = 128  # DeepSeek-V3's weight_block_size, the only block size its scales' shape identifies
+SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
+FP8_DTYPE = "F8_E4M3"  # safetensors' name of float8_e4m3fn
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def scale_block(scale_shape, n: int, k: int, key: str) -> Optional[int]:
+    """The block of a checkpoint scale of weights [n, k]: 128 for [ceil(n/128), ceil(k/128)], None for
+    one scale per row ([n] or [n, 1]); ValueError naming ``key`` for any other shape."""
+    shape = list(scale_shape)
+    if shape == [_cdiv(n, BLOCK), _cdiv(k, BLOCK)]:
+        return BLOCK
+    if shape in ([n], [n, 1]):
+        return None
+    raise ValueError(f"{key}: scale shape {shape} fits neither {BLOCK}x{BLOCK} blocks of its [{n}, {k}] weight "
+                     f"({[_cdiv(n, BLOCK), _cdiv(k, BLOCK)]}) nor one scale per row ([{n}] or [{n}, 1])")
+
+
+def group_scales(scale: torch.Tensor, n: int, k: int, group: int, block: Optional[int] = BLOCK) -> torch.Tensor:
+    """A checkpoint scale of weights [n, k] -> fp32 [n, ceil(k/group)]: the scale of each (row, k-group),
+    what the ``fp8`` format stores. ``block`` 128: ``scale`` is [ceil(n/128), ceil(k/128)] and every
+    group must lie in one block (group divides 128); None: one scale per row, [n] or [n, 1]."""
+    if block is None:
+        return scale.float().reshape(n, 1).expand(n, _cdiv(k, group)).contiguous()
+    if block % group:
+        raise ValueError(f"fp8 group_size {group} does not divide the checkpoint's {block}-input scale blocks")
+    rows = torch.arange(n) // block
+    cols = torch.arange(_cdiv(k, group)) * group // block
+    return scale.float()[rows][:, cols].contiguous()
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    """e4m3 q [n, k] with scales per (row, k-group) [n, ceil(k/group)] -> fp32 [n, k] (exact products)."""
+    return q.float() * scale.repeat_interleave(group, -1)[:, : q.shape[-1]]
+
+
+class Fp8Experts:
+    """Per-expert e4m3 weights with their scales (see the module docstring), under the suffixes of
+    :data:`~torch_ktmoe.checkpoint.dense.PER_EXPERT_LAYOUTS`. Every expert's tensors are checked
+    (dtype, scale present, scale shape) before it is read."""
+
+    @staticmethod
+    def probe_keys(prefix: str) -> list[str]:
+        return [f"{prefix}.0.{s[0][:-len('weight')]}{SCALE_SUFFIXES[0]}" for s in PER_EXPERT_LAYOUTS]
+
+    @classmethod
+    def find(cls, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int] = None,
+             layout: FusedLayout = CONCATENATED) -> Optional["Fp8Experts"]:
+        for suffixes in PER_EXPERT_LAYOUTS:
+            key = f"{prefix}.0.{suffixes[0]}"
+            if key in ckpt and ckpt.dtype(key) == FP8_DTYPE:
+                return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
+        return None
+
+    def __init__(self, ckpt, prefix: str, suffixes: tuple[str, str, str], hidden_size: int, intermediate_size: int):
+        H, I = hidden_size, intermediate_size
+        self.ckpt, self.prefix, self.suffixes = ckpt, prefix, suffixes
+        self.shapes = ((I, H), (I, H), (H, I))
+        self.blocks = [self._scale_key_and_block(f"{prefix}.0.{s}", shape)[1]
+                       for s, shape in zip(suffixes, self.shapes)]
+
+    def _scale_key_and_block(self, key: str, shape) -> tuple[str, Optional[int]]:
+        """``key``'s scale tensor and its block, after checking the weight and the scale."""
+        if key not in self.ckpt:
+            raise KeyError(f"{key} is missing in {self.ckpt.path}")
+        self.ckpt.expect_shape(key, shape)
+        if self.ckpt.dtype(key) != FP8_DTYPE:
+            raise ValueError(f"{key}: dtype {self.ckpt.dtype(key)} in {self.ckpt.path}, but the other experts of "
+                             f"this block are FP8 ({FP8_DTYPE}); a block must be one format")
+        base = key[: -len("weight")]
+        scale_key = next((base + s for s in SCALE_SUFFIXES if base + s in self.ckpt), None)
+        if scale_key is None:
+            raise ValueError(f"{key}: FP8 ({FP8_DTYPE}) weight without its scale (looked for "
+                             f"{[base + s for s in SCALE_SUFFIXES]}) in {self.ckpt.path}; without it the "
+                             "weights would be off by the scale's factor")
+        if self.ckpt.dtype(scale_key) not in ("F32", "BF16", "F16"):
+            raise ValueError(f"{scale_key}: dtype {self.ckpt.dtype(scale_key)}, expected a float scale")
+        return scale_key, scale_block(self.ckpt.shape(scale_key), *shape, scale_key)
+
+    def _read(self, e: int, group: int):
+        """Expert e: [(q [n, k] e4m3, scale [n, ceil(k/group)] fp32)] for gate, up, down."""
+        out = []
+        for s, shape in zip(self.suffixes, self.shapes):
+            key = f"{self.prefix}.{e}.{s}"
+            scale_key, block = self._scale_key_and_block(key, shape)
+            out.append((self.ckpt.get(key), group_scales(self.ckpt.get(scale_key), *shape, group, block)))
+        return out
+
+    def fp8_experts(self, ids: Iterable[int], group: int = BLOCK) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Per id, ``(gate_up [2I, H], down [H, I])`` in float8_e4m3fn and their scales per (row, k-group of
+        ``group`` inputs), ``(gate_up_scale [2I, ceil(H/group)], down_scale [H, ceil(I/group)])``: exact."""
+        for e in ids:
+            (gq, gs), (uq, us), (dq, ds) = self._read(e, group)
+            yield torch.cat([gq, uq]), dq, torch.cat([gs, us]), ds
+
+    def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Per id, ``(gate_up [2I, H], down [H, I])`` dequantized to fp32, one expert at a time."""
+        for gate_up, down, gate_up_scale, down_scale in self.fp8_experts(ids, 32):
+            yield dequantize_fp8(gate_up, gate_up_scale, 32), dequantize_fp8(down, down_scale, 32)
