@@ -62,6 +62,12 @@ inline __m256 bf16x8_to_f32(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
+// rows bf16 rows a[r * lda + k] -> fp32 out[r * kp + k], k < kp (kp a multiple of 8, out 32-byte aligned).
+inline void bf16_rows_to_f32(const uint16_t* a, int64_t lda, int64_t rows, int64_t kp, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < kp; k += 8) _mm256_store_ps(out + r * kp + k, bf16x8_to_f32(a + r * lda + k));
+}
+
 // Horizontal ops are avoided in hot loops; this one is for row reductions only.
 inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

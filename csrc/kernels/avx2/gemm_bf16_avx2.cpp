@@ -84,9 +84,7 @@ void gemm_bf16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int6
   float* a32 = static_cast<float*>(thread_scratch(size_t(std::min(m, kRowChunk) * kp) * 4));
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < kp; k += 8)
-        _mm256_store_ps(a32 + r * kp + k, bf16x8_to_f32(a + (r0 + r) * lda + k));
+    bf16_rows_to_f32(a + r0 * lda, lda, rows, kp, a32);
     float* cr = c + r0 * ldc;
     if (rows == 1) {  // decode: stream the blocks once, 4 side by side
       bf16_rows<1, 4>(wblk, blk_bytes, nblk, kp, a32, kp, cr, ldc);
