@@ -19,7 +19,7 @@ CSRC = ROOT / "csrc"
 
 ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
 TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
-ISA_ORDER = ["generic", "avx2", "avx512"]
+ISA_ORDER = ["generic", "avx2", "avx512", "amx"]
 
 
 class NinjaBuildError(RuntimeError):
@@ -27,7 +27,7 @@ class NinjaBuildError(RuntimeError):
 
 
 def isa_of(source: Path) -> str:
-    """"avx2" / "avx512" for a source under csrc/kernels/<isa>/, else "generic"."""
+    """"avx2" / "avx512" / "amx" for a source under csrc/kernels/<isa>/, else "generic"."""
     parts = source.relative_to(CSRC).parts if source.is_relative_to(CSRC) else ()
     return parts[1] if len(parts) > 2 and parts[0] == "kernels" and parts[1] in ISA_FLAGS else "generic"
 

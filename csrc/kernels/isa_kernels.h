@@ -93,5 +93,6 @@ struct IsaKernels {
 const IsaKernels& generic_kernels();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx512_kernels();
+const IsaKernels& amx_kernels();  // kernels/amx/: avx512's table with AMX tile gemms for prefill
 
 }  // namespace ktmoe

@@ -21,7 +21,7 @@
 // KTMOE_TEST_SEED=n runs the same checks on other random data.
 //
 // One file per kernel family (test_pack, test_gemm, test_activations, test_conversions,
-// test_driver), the references they share (reference.h, packed_reference, moe_reference),
+// test_driver, test_fp8, test_amx), the references they share (reference.h, packed_reference, moe_reference),
 // the ISA tables run (isa_tables) and the check macros (check.h).
 #include <chrono>
 #include <cstdio>
@@ -76,6 +76,12 @@ int main(int argc, char** argv) {
   test_driver_f16(isas, rng);
   test_accuracy(isas, rng);
   test_fp8(isas, rng);
+  test_amx_emulator(rng);
+  for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kINT8, WeightFormat::kINT4})
+    for (const Shape& s : shapes) test_amx_gemm(isas, f, s.role, s.n, s.k, 0, rng);
+  test_amx_gemm(isas, WeightFormat::kINT4, MatrixRole::kDown, 33, 200, 64, rng);
+  test_amx_gemm(isas, WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 300, 128, rng);
+  test_amx_gemm(isas, WeightFormat::kINT8, MatrixRole::kPlain, 48, 256, 0, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

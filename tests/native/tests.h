@@ -37,4 +37,9 @@ void test_accuracy(const std::vector<Isa>& isas, Rng& rng, int64_t E = 4, int64_
                    int64_t K = 2, int64_t T = 48);
 void test_fp8(const std::vector<Isa>& isas, Rng& rng);  // test_fp8.cpp: e4m3 decode, kFP8 packing, gemm_fp8
 
+// test_amx.cpp: the AMX tile emulator, and the amx gemm templates run on it (every host).
+void test_amx_emulator(Rng& rng);
+void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role, int64_t n, int64_t k,
+                   int64_t group, Rng& rng);
+
 }  // namespace ktmoe_test

@@ -1,0 +1,303 @@
+// [NOTE] The amx gemms (kBF16, kINT8, kINT4) as one template over a TileOps policy: the
+// real instructions (tile_ops_native.h, in gemm_bf16_amx.cpp / gemm_int_amx.cpp) or the
+// emulator (tile_ops_emulated.h, in tests/native), so the same indexing and tails run
+// everywhere. Plain C++ besides the tile calls; no intrinsics.
+//
+//   c[r, 16*(b - b0) + j] = Σ_k a[r][k] · W[16b + j][k]   r < m, b0 <= b < b1, j < 16
+// fully dequantized as the IsaKernels contract says (isa_kernels.h).
+//
+// Loop nest (tile layout in tile_config.h):
+//   for each pair of packed blocks (the last alone when b1 - b0 is odd):
+//     prepare the pair's B source (kINT4: unpack the codes to u8 k-quads, kp/4 rows of
+//     64 bytes per block, L2-resident, reused by every row pair; kINT8 with kp % 64 = 32:
+//     the last half step copied into a zero-padded B tile)
+//     for each pair of 16-row groups (the last alone, rows past m zero):
+//       for each group G of steps (kBF16 / kINT8: one group, all of kp):
+//         zero C; per step: load A[i], B[j], C[i][j] += A[i]·B[j]; store C to a 2 KiB..4 KiB
+//         buffer; the format's epilogue (below) reads it
+// Activations are first staged in a thread-local buffer: rows rounded up to 16 and columns
+// to a whole step with zeros (so tile loads never read past the caller's rows and padded
+// terms vanish), row stride a multiple of 64 bytes plus 64 (no 4 KiB set aliasing).
+//
+// Epilogues (the same float operations, in the same order, as the avx512 kernels, whose
+// integer sums are the same exact int32: so kINT8 / kINT4 give avx512's bits):
+//   kBF16: c = C (each tdpbf16ps step adds (even + odd) of its 16 k-pairs, tile_ops_emulated.h)
+//   kINT8: c = (sx[r] · s[n]) · float(C − 128·gsum[r])          C = Σ_k u·xq (tdpbsud)
+//   kINT4: f = fma(d[n,G], float(C_G − 64·gsum[r,G]), f) over G, c = sx[r] · f
+// Every output column depends only on its own block, rows and k, so the bits do not depend
+// on the (b0, b1) split, the pairing or the thread.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/amx/tile_config.h"
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace amx {
+
+enum class TileFormat { kBF16, kINT8, kINT4 };
+
+// Everything one call needs; built by the entry points below.
+struct TileGemmArgs {
+  TileFormat fmt;
+  const PackedMatrixHeader* w;
+  const uint8_t* a;        // activation row 0: bf16 (kBF16) or int8 q
+  int64_t lda_bytes;       // its row stride in bytes
+  int64_t m, b0, b1;
+  float* c;
+  int64_t ldc;
+  const float* sx = nullptr;      // kINT8 / kINT4: row scales [m]
+  const int32_t* gsum = nullptr;  // and group sums [m, gsum_ld]
+  int64_t gsum_ld = 0;
+};
+
+template <class T>
+struct TileGemm {
+  // A growable 64-byte aligned buffer (one per thread and use; a member, so each TileOps
+// instantiation has its own copy of the code).
+  struct TileBuffer {
+    uint8_t* p = nullptr;
+    size_t cap = 0;
+    TileBuffer() = default;
+    TileBuffer(const TileBuffer&) = delete;
+    TileBuffer& operator=(const TileBuffer&) = delete;
+    ~TileBuffer() { std::free(p); }
+    uint8_t* get(size_t n) {
+      if (n > cap) {
+        std::free(p);
+        p = nullptr;
+        cap = (n + 4095) / 4096 * 4096;
+        p = static_cast<uint8_t*>(std::aligned_alloc(64, cap));
+        if (!p) cap = 0, throw std::bad_alloc();
+      }
+      return p;
+    }
+  };
+
+  // Per format: bytes of A per step (tile A's colsb), B rows per step, steps per group.
+  static int a_step(TileFormat f) { return f == TileFormat::kINT4 ? 32 : 64; }
+  static int b_rows(TileFormat f) { return f == TileFormat::kINT4 ? 8 : 16; }
+
+  struct Ctx {
+    TileGemmArgs x;
+    int64_t kp, steps, group_steps, ngroups;
+    const uint8_t* as;   // staged activations [mp][astride]
+    int64_t astride, mp;
+    const uint8_t* data;  // packed block 0
+    int64_t bstride;      // bytes per packed block
+    // B of the current block pair: step s of block j at bsrc[j] + s * kBStepBytes, except
+    // steps >= full_steps (kINT8's last half step), read from btail[j].
+    const uint8_t* bsrc[2];
+    const uint8_t* btail[2];
+    int64_t full_steps;
+  };
+  static constexpr int64_t kBStepBytes = 16 * 64;  // kBF16 / kINT8 (kINT4 unpacked: 8 * 64)
+
+  static void run(const TileGemmArgs& x) {
+    Ctx k;
+    k.x = x;
+    k.kp = x.w->kp;
+    const TileFormat f = x.fmt;
+    const int64_t kstep = f == TileFormat::kBF16 ? 32 : a_step(f);  // k values per step
+    k.steps = (k.kp + kstep - 1) / kstep;
+    k.full_steps = f == TileFormat::kINT8 ? k.kp / 64 : k.steps;
+    k.group_steps = f == TileFormat::kINT4 ? x.w->group / 32 : k.steps;
+    k.ngroups = k.steps / k.group_steps;
+    k.data = packed_data(x.w);
+    k.bstride = block_data_bytes(f == TileFormat::kBF16   ? WeightFormat::kBF16
+                                 : f == TileFormat::kINT8 ? WeightFormat::kINT8
+                                                          : WeightFormat::kINT4,
+                                 k.kp);
+    stage_activations(k);
+    static thread_local TileBuffer unpacked, tail;
+    uint8_t* ub = f == TileFormat::kINT4 ? unpacked.get(size_t(2 * k.kp * 16)) : nullptr;
+    uint8_t* tb = k.full_steps < k.steps ? tail.get(2 * kBStepBytes) : nullptr;
+
+    T::configure(gemm_tile_config(a_step(f), b_rows(f)));
+    for (int64_t b = x.b0; b < x.b1; b += 2) {
+      const int nb = x.b1 - b >= 2 ? 2 : 1;
+      for (int j = 0; j < nb; ++j) {
+        const uint8_t* blk = k.data + (b + j) * k.bstride;
+        k.bsrc[j] = blk;
+        if (ub) {  // kINT4: the block's codes as u8 k-quads
+          uint8_t* u = ub + j * k.kp * 16;
+          unpack_int4(blk, k.kp, u);
+          k.bsrc[j] = u;
+        }
+        if (tb) {  // kINT8, kp % 64 = 32: the last 8 k-quads, then 8 zero rows
+          uint8_t* t = tb + j * kBStepBytes;
+          std::memcpy(t, blk + k.full_steps * kBStepBytes, kBStepBytes / 2);
+          std::memset(t + kBStepBytes / 2, 0, kBStepBytes / 2);
+          k.btail[j] = t;
+        }
+      }
+      for (int64_t r0 = 0; r0 < k.mp; r0 += 32) {
+        const bool two_rows = k.mp - r0 >= 32;
+        if (nb == 2)
+          two_rows ? macro_tile<2, 2>(k, r0, b) : macro_tile<1, 2>(k, r0, b);
+        else
+          two_rows ? macro_tile<2, 1>(k, r0, b) : macro_tile<1, 1>(k, r0, b);
+      }
+    }
+    T::release();
+  }
+
+  // Rows: round_up(m, 16); columns: whole steps; zeros past the caller's.
+  static void stage_activations(Ctx& k) {
+    static thread_local TileBuffer staged;
+    const int64_t elem = k.x.fmt == TileFormat::kBF16 ? 2 : 1;
+    const int64_t kbytes = k.kp * elem;
+    const int64_t padded = k.steps * (k.x.fmt == TileFormat::kBF16 ? 64 : a_step(k.x.fmt));
+    k.astride = (padded + 63) / 64 * 64 + 64;
+    k.mp = (k.x.m + 15) / 16 * 16;
+    uint8_t* s = staged.get(size_t(k.mp * k.astride));
+    for (int64_t r = 0; r < k.mp; ++r) {
+      uint8_t* row = s + r * k.astride;
+      if (r < k.x.m) {
+        std::memcpy(row, k.x.a + r * k.x.lda_bytes, size_t(kbytes));
+        std::memset(row + kbytes, 0, size_t(k.astride - kbytes));
+      } else {
+        std::memset(row, 0, size_t(k.astride));
+      }
+    }
+    k.as = s;
+  }
+
+  // kINT4 octet j of a block -> k-quad rows 2j (low nibbles) and 2j+1 (high nibbles) of
+  // u = kInt4U8[q] (packed_format.h).
+  static void unpack_int4(const uint8_t* blk, int64_t kp, uint8_t* u) {
+    for (int64_t o = 0; o < kp / 8; ++o) {
+      const uint8_t* src = blk + o * 64;
+      uint8_t* lo = u + (2 * o) * 64;
+      uint8_t* hi = lo + 64;
+      for (int t = 0; t < 64; ++t) {
+        lo[t] = kInt4U8[src[t] & 0xF];
+        hi[t] = kInt4U8[src[t] >> 4];
+      }
+    }
+  }
+
+  // Row groups [r0, r0 + 16*NS) x blocks [b, b + NB), every group of steps, then the epilogue.
+  template <int NS, int NB>
+  static void macro_tile(const Ctx& k, int64_t r0, int64_t b) {
+    const TileFormat f = k.x.fmt;
+    const int64_t astep = f == TileFormat::kBF16 ? 64 : a_step(f);
+    const int64_t bstep = f == TileFormat::kINT4 ? 8 * 64 : kBStepBytes;
+    alignas(64) uint8_t cbuf[32 * 32 * 4];  // C as stored: [16*NS rows][16*NB] 4-byte values
+    alignas(64) float facc[32 * 32];        // kINT4: the fp32 sum over groups
+    const uint8_t* arow = k.as + r0 * k.astride;
+    for (int64_t G = 0; G < k.ngroups; ++G) {
+      zero_c<NS, NB>();
+      for (int64_t s = G * k.group_steps; s < (G + 1) * k.group_steps; ++s) {
+        T::template load<tile_a(0)>(arow + s * astep, k.astride);
+        if constexpr (NS == 2) T::template load<tile_a(1)>(arow + 16 * k.astride + s * astep, k.astride);
+        T::template load<tile_b(0)>(b_at(k, 0, s, bstep), 64);
+        if constexpr (NB == 2) T::template load<tile_b(1)>(b_at(k, 1, s, bstep), 64);
+        if (f == TileFormat::kBF16)
+          dots<NS, NB, true>();
+        else
+          dots<NS, NB, false>();
+      }
+      store_c<NS, NB>(cbuf);
+      epilogue<NS, NB>(k, cbuf, facc, r0, b, G);
+    }
+  }
+
+  static const uint8_t* b_at(const Ctx& k, int j, int64_t s, int64_t bstep) {
+    return s < k.full_steps ? k.bsrc[j] + s * bstep : k.btail[j];
+  }
+
+  template <int NS, int NB>
+  static void zero_c() {
+    T::template zero<tile_c(0, 0)>();
+    if constexpr (NB == 2) T::template zero<tile_c(0, 1)>();
+    if constexpr (NS == 2) T::template zero<tile_c(1, 0)>();
+    if constexpr (NS == 2 && NB == 2) T::template zero<tile_c(1, 1)>();
+  }
+
+  template <int C, int A, int B, bool kBf16>
+  static void dot1() {
+    if constexpr (kBf16)
+      T::template dpbf16ps<C, A, B>();
+    else
+      T::template dpbsud<C, A, B>();
+  }
+  template <int NS, int NB, bool kBf16>
+  static void dots() {
+    dot1<tile_c(0, 0), tile_a(0), tile_b(0), kBf16>();
+    if constexpr (NB == 2) dot1<tile_c(0, 1), tile_a(0), tile_b(1), kBf16>();
+    if constexpr (NS == 2) dot1<tile_c(1, 0), tile_a(1), tile_b(0), kBf16>();
+    if constexpr (NS == 2 && NB == 2) dot1<tile_c(1, 1), tile_a(1), tile_b(1), kBf16>();
+  }
+
+  // C[i][j] -> cbuf rows 16i.., columns 16j.. (row stride 128 bytes).
+  template <int NS, int NB>
+  static void store_c(uint8_t* cbuf) {
+    T::template store<tile_c(0, 0)>(cbuf, 128);
+    if constexpr (NB == 2) T::template store<tile_c(0, 1)>(cbuf + 64, 128);
+    if constexpr (NS == 2) T::template store<tile_c(1, 0)>(cbuf + 16 * 128, 128);
+    if constexpr (NS == 2 && NB == 2) T::template store<tile_c(1, 1)>(cbuf + 16 * 128 + 64, 128);
+  }
+
+  static float bf16_to_f32(const uint8_t* p) {
+    const uint32_t u = uint32_t(p[0] | (p[1] << 8)) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+
+  template <int NS, int NB>
+  static void epilogue(const Ctx& k, const uint8_t* cbuf, float* facc, int64_t r0, int64_t b, int64_t G) {
+    const TileGemmArgs& x = k.x;
+    const int64_t rows = std::min<int64_t>(16 * NS, x.m - r0);
+    const bool last = G + 1 == k.ngroups;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* out = x.c + (r0 + r) * x.ldc + (b - x.b0) * 16;
+      const uint8_t* crow = cbuf + r * 128;
+      for (int64_t col = 0; col < 16 * NB; ++col) {
+        const int64_t n = 16 * b + col;  // packed output column
+        if (x.fmt == TileFormat::kBF16) {
+          std::memcpy(out + col, crow + 4 * col, 4);
+          continue;
+        }
+        int32_t acc;
+        std::memcpy(&acc, crow + 4 * col, 4);
+        const int64_t gs = x.gsum[(r0 + r) * x.gsum_ld + G];
+        if (x.fmt == TileFormat::kINT8) {
+          const float s = reinterpret_cast<const float*>(packed_scales(x.w))[n];
+          out[col] = (x.sx[r0 + r] * s) * static_cast<float>(int64_t(acc) - 128 * gs);
+        } else {
+          const float d =
+              bf16_to_f32(packed_scales(x.w) + ((b + col / 16) * k.ngroups + G) * kInt4ScaleBytes + (col % 16) * 2);
+          float& f = facc[r * 32 + col];
+          f = std::fma(d, static_cast<float>(int64_t(acc) - kInt4Offset * gs), G == 0 ? 0.f : f);
+          if (last) out[col] = x.sx[r0 + r] * f;
+        }
+      }
+    }
+  }
+};
+
+// Shape comments: w [np, kp] packed; a [m, lda] (bf16 or int8); c [m, ldc] fp32, columns
+// 0 .. 16*(b1-b0) written.
+template <class T>
+void gemm_bf16_tiles(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                     int64_t b1, float* c, int64_t ldc) {
+  TileGemmArgs x{TileFormat::kBF16, w, reinterpret_cast<const uint8_t*>(a), lda * 2, m, b0, b1, c, ldc};
+  TileGemm<T>::run(x);
+}
+
+template <class T>
+void gemm_int_tiles(TileFormat f, const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+                    int64_t b1, float* c, int64_t ldc) {
+  TileGemmArgs x{f, w, reinterpret_cast<const uint8_t*>(a.q), a.ldq, m, b0, b1, c, ldc, a.scale, a.gsum, a.gsum_ld};
+  TileGemm<T>::run(x);
+}
+
+}  // namespace amx
+}  // namespace ktmoe

@@ -1,0 +1,36 @@
+// [NOTE] amx gemm_int8 / gemm_int4: tdpbsud tiles (gemm_amx.h over NativeTileOps) for prefill
+// rows, avx512's vpdpbusd register tiles below prefill_min_rows() (prefill_rows.h).
+// tdpbsud multiplies the signed int8 activations (tile A) by the unsigned weight bytes
+// (tile B): a kINT8 k-quad row of a block (16 columns x 4 u8) is one 64-byte tile row as
+// stored; kINT4 codes are unpacked per block to u = kInt4U8[q] in the same k-quad layout,
+// one 8-row B tile per 32 k (a group is a multiple of 32), so each group's int32 sum comes
+// out of the tiles before its scale is applied.
+#include "kernels/amx/gemm_amx.h"
+#include "kernels/amx/prefill_rows.h"
+#include "kernels/amx/tile_ops_native.h"
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace avx512 {
+KTMOE_DECLARE_ISA_ENTRY_POINTS();
+}  // namespace avx512
+
+namespace amx {
+
+// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and one group sum per row;
+// c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  if (m < prefill_min_rows()) return avx512::gemm_int8(w, a, m, b0, b1, c, ldc);
+  gemm_int_tiles<NativeTileOps>(TileFormat::kINT8, w, a, m, b0, b1, c, ldc);
+}
+
+// w: kINT4 matrix (group = w->group); a: M int8 rows with kp / group sums per row.
+void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc) {
+  if (m < prefill_min_rows()) return avx512::gemm_int4(w, a, m, b0, b1, c, ldc);
+  gemm_int_tiles<NativeTileOps>(TileFormat::kINT4, w, a, m, b0, b1, c, ldc);
+}
+
+}  // namespace amx
+}  // namespace ktmoe

@@ -1,0 +1,35 @@
+// [NOTE] The amx micro-kernel table: avx512's (AVX-512 F/BW/VL/DQ + BF16 + VNNI) with the
+// prefill gemms on AMX tiles. Opt-in only (KTMOE_ISA=amx, set_isa("amx")): "auto" never
+// picks it (isa_select.cpp), since its speed is not measured on AMX hardware yet.
+//   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
+//   gemm_int_amx.cpp    tdpbsud over kINT8 k-quads and unpacked kINT4 codes, same rows
+//   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
+//   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
+// Call only when cpu_features().amx (which also holds the Linux tile-data permission).
+#include "kernels/amx/prefill_rows.h"
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace amx {
+void gemm_bf16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
+               int64_t b1, float* c, int64_t ldc);
+}  // namespace amx
+
+const IsaKernels& amx_kernels() {
+  static const IsaKernels table = [] {
+    amx::prefill_min_rows();  // a bad KTMOE_AMX_MIN_ROWS fails here, when amx is chosen
+    IsaKernels t = avx512_kernels();
+    t.name = "amx";
+    t.gemm_bf16 = amx::gemm_bf16;
+    t.gemm_int8 = amx::gemm_int8;
+    t.gemm_int4 = amx::gemm_int4;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace ktmoe
