@@ -211,7 +211,8 @@ void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role
   for (int64_t m : {1, 15, 16, 17, 33, 48}) {
     std::vector<float> a(size_t(m * k));
     for (auto& v : a) v = float(rng.gauss());
-    const int64_t lda = kp + 16, gld = kp / (f == WeightFormat::kINT4 ? D.g : kp) + 1;
+    // an odd m: a row stride that makes kINT8 with kp % 64 = 32 stage every row; even: in place
+    const int64_t lda = kp + (m % 2 ? 16 : 48), gld = kp / (f == WeightFormat::kINT4 ? D.g : kp) + 1;
     std::vector<uint16_t> abf(size_t(m * lda), 0);
     std::vector<int8_t> q(static_cast<size_t>(m * lda));
     std::vector<float> sx(static_cast<size_t>(m));

@@ -15,9 +15,10 @@
 //       for each group G of steps (kBF16 / kINT8: one group, all of kp):
 //         zero C; per step: load A[i], B[j], C[i][j] += A[i]·B[j]; store C to a 2 KiB..4 KiB
 //         buffer; the format's epilogue (below) reads it
-// Activations are first staged in a thread-local buffer: rows rounded up to 16 and columns
-// to a whole step with zeros (so tile loads never read past the caller's rows and padded
-// terms vanish), row stride a multiple of 64 bytes plus 64 (no 4 KiB set aliasing).
+// The driver calls with at most 32 rows (moe_driver.cpp kTokenTile), so a call is one or
+// two row pairs over a panel of blocks. A tiles read the caller's rows in place; the last
+// m % 16 rows (and all rows when a step would read past the row stride) are staged with zero
+// padding (stage_activations), so tile loads never read past the caller's rows.
 //
 // Epilogues (the same float operations, in the same order, as the avx512 kernels, whose
 // integer sums are the same exact int32: so kINT8 / kINT4 give avx512's bits):
@@ -86,8 +87,11 @@ struct TileGemm {
   struct Ctx {
     TileGemmArgs x;
     int64_t kp, steps, group_steps, ngroups;
-    const uint8_t* as;   // staged activations [mp][astride]
-    int64_t astride, mp;
+    const uint8_t* as;      // the caller's rows [m][astride] (bytes), read in place below m_direct
+    int64_t astride, mp;    // mp = round_up(m, 16)
+    int64_t m_direct;       // rows [0, m_direct) in place (a multiple of 16)
+    const uint8_t* staged;  // rows [m_direct, mp) copied, [mp - m_direct][sstride]
+    int64_t sstride;
     const uint8_t* data;  // packed block 0
     int64_t bstride;      // bytes per packed block
     // B of the current block pair: step s of block j at bsrc[j] + s * kBStepBytes, except
@@ -147,25 +151,38 @@ struct TileGemm {
     T::release();
   }
 
-  // Rows: round_up(m, 16); columns: whole steps; zeros past the caller's.
+  // A tiles read the caller's rows in place when a whole number of steps fits in its row
+  // stride (always for kBF16 and kINT4; kINT8 when kp % 64 = 0 or the stride has 32 bytes
+  // past kp, whose contents meet the zero rows of the tail B tile). Otherwise, and for the
+  // last group of m % 16 rows, rows are copied to a thread-local buffer: columns padded
+  // with zeros to whole steps, rows to 16 with zero rows, stride a multiple of 64 plus 64.
   static void stage_activations(Ctx& k) {
     static thread_local TileBuffer staged;
-    const int64_t elem = k.x.fmt == TileFormat::kBF16 ? 2 : 1;
-    const int64_t kbytes = k.kp * elem;
-    const int64_t padded = k.steps * (k.x.fmt == TileFormat::kBF16 ? 64 : a_step(k.x.fmt));
-    k.astride = (padded + 63) / 64 * 64 + 64;
-    k.mp = (k.x.m + 15) / 16 * 16;
-    uint8_t* s = staged.get(size_t(k.mp * k.astride));
-    for (int64_t r = 0; r < k.mp; ++r) {
-      uint8_t* row = s + r * k.astride;
-      if (r < k.x.m) {
-        std::memcpy(row, k.x.a + r * k.x.lda_bytes, size_t(kbytes));
-        std::memset(row + kbytes, 0, size_t(k.astride - kbytes));
+    const TileGemmArgs& x = k.x;
+    const int64_t kbytes = k.kp * (x.fmt == TileFormat::kBF16 ? 2 : 1);
+    const int64_t padded = k.steps * (x.fmt == TileFormat::kBF16 ? 64 : a_step(x.fmt));
+    k.mp = (x.m + 15) / 16 * 16;
+    const bool in_place = padded <= x.lda_bytes;
+    k.m_direct = in_place ? x.m / 16 * 16 : 0;
+    k.as = x.a, k.astride = x.lda_bytes;
+    k.sstride = (padded + 63) / 64 * 64 + 64;
+    uint8_t* s = staged.get(size_t((k.mp - k.m_direct) * k.sstride));
+    for (int64_t r = k.m_direct; r < k.mp; ++r) {
+      uint8_t* row = s + (r - k.m_direct) * k.sstride;
+      if (r < x.m) {
+        std::memcpy(row, x.a + r * x.lda_bytes, size_t(kbytes));
+        std::memset(row + kbytes, 0, size_t(k.sstride - kbytes));
       } else {
-        std::memset(row, 0, size_t(k.astride));
+        std::memset(row, 0, size_t(k.sstride));
       }
     }
-    k.as = s;
+    k.staged = s;
+  }
+
+  // The 16 activation rows from `row` (a multiple of 16): in place or staged.
+  static const uint8_t* a_rows(const Ctx& k, int64_t row, int64_t* stride) {
+    if (row < k.m_direct) return *stride = k.astride, k.as + row * k.astride;
+    return *stride = k.sstride, k.staged + (row - k.m_direct) * k.sstride;
   }
 
   // kINT4 octet j of a block -> k-quad rows 2j (low nibbles) and 2j+1 (high nibbles) of
@@ -190,12 +207,14 @@ struct TileGemm {
     const int64_t bstep = f == TileFormat::kINT4 ? 8 * 64 : kBStepBytes;
     alignas(64) uint8_t cbuf[32 * 32 * 4];  // C as stored: [16*NS rows][16*NB] 4-byte values
     alignas(64) float facc[32 * 32];        // kINT4: the fp32 sum over groups
-    const uint8_t* arow = k.as + r0 * k.astride;
+    int64_t as0 = 0, as1 = 0;
+    const uint8_t* a0 = a_rows(k, r0, &as0);
+    const uint8_t* a1 = NS == 2 ? a_rows(k, r0 + 16, &as1) : nullptr;
     for (int64_t G = 0; G < k.ngroups; ++G) {
       zero_c<NS, NB>();
       for (int64_t s = G * k.group_steps; s < (G + 1) * k.group_steps; ++s) {
-        T::template load<tile_a(0)>(arow + s * astep, k.astride);
-        if constexpr (NS == 2) T::template load<tile_a(1)>(arow + 16 * k.astride + s * astep, k.astride);
+        T::template load<tile_a(0)>(a0 + s * astep, as0);
+        if constexpr (NS == 2) T::template load<tile_a(1)>(a1 + s * astep, as1);
         T::template load<tile_b(0)>(b_at(k, 0, s, bstep), 64);
         if constexpr (NB == 2) T::template load<tile_b(1)>(b_at(k, 1, s, bstep), 64);
         if (f == TileFormat::kBF16)
