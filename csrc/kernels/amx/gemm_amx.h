@@ -186,15 +186,21 @@ struct TileGemm {
   }
 
   // kINT4 octet j of a block -> k-quad rows 2j (low nibbles) and 2j+1 (high nibbles) of
-  // u = kInt4U8[q] (packed_format.h).
+  // u = kInt4U8[q] (packed_format.h). GCC vector extensions: a 16-entry byte shuffle, one
+  // pshufb per 16 bytes where the target has SSSE3 (the amx objects), scalar elsewhere.
+  typedef uint8_t U8x16 __attribute__((vector_size(16)));
   static void unpack_int4(const uint8_t* blk, int64_t kp, uint8_t* u) {
+    U8x16 table, nib;
+    std::memcpy(&table, kInt4U8, 16);
+    for (int i = 0; i < 16; ++i) nib[i] = 0xF;
     for (int64_t o = 0; o < kp / 8; ++o) {
-      const uint8_t* src = blk + o * 64;
-      uint8_t* lo = u + (2 * o) * 64;
-      uint8_t* hi = lo + 64;
-      for (int t = 0; t < 64; ++t) {
-        lo[t] = kInt4U8[src[t] & 0xF];
-        hi[t] = kInt4U8[src[t] >> 4];
+      for (int v = 0; v < 4; ++v) {
+        U8x16 codes;
+        std::memcpy(&codes, blk + o * 64 + 16 * v, 16);
+        const U8x16 lo = __builtin_shuffle(table, U8x16(codes & nib));
+        const U8x16 hi = __builtin_shuffle(table, U8x16((codes >> 4) & nib));
+        std::memcpy(u + (2 * o) * 64 + 16 * v, &lo, 16);
+        std::memcpy(u + (2 * o + 1) * 64 + 16 * v, &hi, 16);
       }
     }
   }
