@@ -1,7 +1,7 @@
 // [NOTE] The amx gemms (kBF16, kINT8, kINT4) as one template over a TileOps policy: the
 // real instructions (tile_ops_native.h, in gemm_bf16_amx.cpp / gemm_int_amx.cpp) or the
 // emulator (tile_ops_emulated.h, in tests/native), so the same indexing and tails run
-// everywhere. Plain C++ besides the tile calls; no intrinsics.
+// everywhere. Plain C++ besides the tile calls (and a GCC vector shuffle); no intrinsics.
 //
 //   c[r, 16*(b - b0) + j] = Σ_k a[r][k] · W[16b + j][k]   r < m, b0 <= b < b1, j < 16
 // fully dequantized as the IsaKernels contract says (isa_kernels.h).
@@ -15,8 +15,8 @@
 //       for each group G of steps (kBF16 / kINT8: one group, all of kp):
 //         zero C; per step: load A[i], B[j], C[i][j] += A[i]·B[j]; store C to a 2 KiB..4 KiB
 //         buffer; the format's epilogue (below) reads it
-// The driver calls with at most 32 rows (moe_driver.cpp kTokenTile), so a call is one or
-// two row pairs over a panel of blocks. A tiles read the caller's rows in place; the last
+// The driver calls with at most 32 rows (moe_driver.cpp kTokenTile), so a call is one row
+// pair (or one 16-row group) over a panel of blocks. A tiles read the caller's rows in place; the last
 // m % 16 rows (and all rows when a step would read past the row stride) are staged with zero
 // padding (stage_activations), so tile loads never read past the caller's rows.
 //
