@@ -18,12 +18,17 @@ top-k routing drawn at random per layer and pass) through all layers:
   (``WeightArena.load_or_build(read_first_max_bytes=)``, sequential readahead, every page read
   once by the CPU in the copy), then the warm touches one 64-byte line per cached
   page and ``MADV_POPULATE_READ`` maps them;
-* no warm: the experts fault in on demand;
+* ``warm="auto"``, the default: the load returns at once and the model's one background
+  worker reads the layers in load order while the passes run (a layer not yet warm reads its
+  routed experts ahead);
+* ``warm="none"``: the experts fault in on demand;
 * ``cat`` the files after the drop, then no warm;
 * page cache hot: right after the previous row's process (no drop).
 
 Reports per row the median over restarts of: pass 0, passes 1-3, steady (the
-median of passes 4-) and the mean of passes 4-, pass 0 / steady by wall time and
+median of --passes more passes, run once every warm is done: ``join_warm``) and the mean of passes 4-, the speed of the first 16 passes
+against steady (steady / their mean time), the time to the first pass's end from
+the start of the load (load + warm + pass 0), pass 0 / steady by wall time and
 by CPU time (getrusage: what a co-tenant taking a core does not inflate), major
 and minor faults in pass 0, and load + warm time with its throughput; plus what
 the disk gives after a drop (O_DIRECT reads of the files, and read() through the
@@ -43,11 +48,12 @@ import sys
 import time
 
 MiB = 1 << 20
-ROWS = ("blocking_before", "blocking", "none", "cat", "hot")
+ROWS = ("blocking_before", "blocking", "auto", "none", "cat", "hot")
 LABELS = {
     "blocking_before": 'warm="blocking", before (MADV_POPULATE_READ only)',
     "blocking": 'warm="blocking", after (file read() before the load, then populate)',
-    "none": "no warm (faults on demand)",
+    "auto": 'warm="auto" (the default: the model\'s background warm while the passes run)',
+    "none": 'warm="none" (faults on demand)',
     "cat": "cat files > /dev/null after the drop, no warm",
     "hot": "page cache hot (a second process)",
 }
@@ -105,14 +111,14 @@ def child(args) -> int:
     small.load_weights((torch.randn(8, 512, args.hidden, generator=g) / 32).bfloat16(),
                        (torch.randn(8, args.hidden, 256, generator=g) / 16).bfloat16())
     x = torch.randn(1, args.hidden, generator=g).bfloat16()
-    n = args.passes * args.layers
+    n = 2 * args.passes * args.layers  # the timed passes, then as many steady ones
     ids = torch.stack([torch.randperm(args.experts, generator=g)[:args.top_k] for _ in range(n)])
     weights = torch.softmax(torch.randn(n, args.top_k, generator=g), dim=-1)
     with torch.inference_mode():
         for _ in range(20):
             small(x, ids[:1] % 8, weights[:1])
 
-    warm = "blocking" if args.row == "blocking" else "none"
+    warm = args.row if args.row in ("blocking", "auto") else "none"
     t0 = time.perf_counter()
     layers = [_layer(args, i, warm) for i in range(args.layers)]
     for i, layer in enumerate(layers):
@@ -122,19 +128,24 @@ def child(args) -> int:
         _populate_read([t for layer in layers for pair in layer.packed_tensors() for t in pair])
     ready_s = time.perf_counter() - t0
 
-    times, cpu, pass0 = [], [], {}
+    times, cpu, pass0, steady = [], [], {}, []
     with torch.inference_mode():
-        for p in range(args.passes):
+        for p in range(2 * args.passes):
+            if p == args.passes:
+                for layer in layers:
+                    layer.join_warm()  # warm="auto": steady is measured once the model's warm is done
             r0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             for i, layer in enumerate(layers):
                 j = p * args.layers + i
                 x = layer(x, ids[j:j + 1], weights[j:j + 1])
-            times.append(time.perf_counter() - c0)
+            (times if p < args.passes else steady).append(time.perf_counter() - c0)
+            if p >= args.passes:
+                continue
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
             if p == 0:
                 pass0 = {"major_faults": r1.ru_majflt - r0.ru_majflt, "minor_faults": r1.ru_minflt - r0.ru_minflt}
-    out = {"row": args.row, "ready_s": ready_s, "times_s": times, "cpu_s": cpu, **pass0,
+    out = {"row": args.row, "ready_s": ready_s, "times_s": times, "cpu_s": cpu, "steady_s": steady, **pass0,
            "packed_bytes": sum(layer.packed_bytes for layer in layers),
            "status": sorted({a.prefault_status for layer in layers for a in layer.arenas}),
            "checksum": float(x.float().sum())}
@@ -229,25 +240,31 @@ def summarize(runs) -> dict:
     per = []
     for r in runs:
         t, c = r["times_s"], r["cpu_s"]
-        steady, steady_cpu = med(t[4:]), med(c[4:])
+        steady, steady_cpu = med(r["steady_s"]), med(c[4:])
         per.append({"pass0": t[0], "p1_3": t[1:4], "steady": steady, "mean_rest": statistics.mean(t[4:]),
+                    "first16": steady / statistics.mean(t[:16]), "ttft": r["ready_s"] + t[0],
+                    "t16": r["ready_s"] + sum(t[:16]),
                     "ratio": t[0] / steady, "ratio_cpu": c[0] / steady_cpu, "ready_s": r["ready_s"],
                     "major": r["major_faults"], "minor": r["minor_faults"],
                     "resident_before": r["resident_before"], "loadavg": r["loadavg"],
                     "gbs": r["packed_bytes"] / r["ready_s"] / 1e9})
     out = {k: med([p[k] for p in per]) for k in ("pass0", "steady", "mean_rest", "ratio", "ratio_cpu", "ready_s",
-                                                  "major", "minor", "resident_before", "loadavg", "gbs")}
+                                                  "major", "minor", "resident_before", "loadavg", "gbs",
+                                                  "first16", "ttft", "t16")}
     out.update({"ratio_min": min(p["ratio"] for p in per), "ratio_max": max(p["ratio"] for p in per),
-                "ready_min": min(p["ready_s"] for p in per),
+                "ready_min": min(p["ready_s"] for p in per), "first16_min": min(p["first16"] for p in per),
+                "ttft_min": min(p["ttft"] for p in per),
                 "p1_3": [med(x) for x in zip(*[p["p1_3"] for p in per])], "per_restart": per})
     return out
 
 
 def table(summary, rows, disk) -> str:
-    out = ["| how the experts came back into memory | pass 0 | passes 1-3 | steady (median of 4-) | mean of 4- "
+    out = ["| how the experts came back into memory | pass 0 | passes 1-3 | steady (after every warm) | mean of 4- "
            "| pass 0 / steady: wall, median (min-max) | CPU time | faults in pass 0 (major / minor) "
-           "| load + warm, median (min) | page cache before the process |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| load + warm, median (min) | first 16 passes / steady speed, median (min) "
+           "| load to the end of pass 0, median (min) | load to the end of pass 15 "
+           "| page cache before the process |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         s = summary[row]
         state = "dropped" if row not in ("cat", "hot") else {"cat": "read by cat after the drop",
@@ -256,7 +273,8 @@ def table(summary, rows, disk) -> str:
                    f"| {s['steady'] * 1e3:.2f} ms | {s['mean_rest'] * 1e3:.2f} ms "
                    f"| {s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f}) | {s['ratio_cpu']:.2f} "
                    f"| {s['major']:.0f} / {s['minor']:.0f} | {s['ready_s']:.2f} s ({s['ready_min']:.2f} s), "
-                   f"{s['gbs']:.2f} GB/s | {state}, {s['resident_before'] * 100:.0f} % resident |")
+                   f"{s['gbs']:.2f} GB/s | {s['first16']:.2f} ({s['first16_min']:.2f}) "
+                   f"| {s['ttft']:.2f} s ({s['ttft_min']:.2f} s) | {s['t16']:.2f} s | {state}, {s['resident_before'] * 100:.0f} % resident |")
     out.append("")
     out.append(f"disk after a drop, all files: O_DIRECT 8 MiB reads {disk['direct']:.2f} GB/s, read() through the "
                f"page cache {disk['buffered']:.2f} GB/s (medians of {len(disk['direct_all'])}); "
@@ -314,7 +332,8 @@ def main(argv=None) -> int:
                 runs[row].append(r)
                 t = r["times_s"]
                 print(f"  restart {k} {row:>19}: pass 0 {t[0] * 1e3:6.1f} ms (CPU {r['cpu_s'][0] * 1e3:5.1f}), steady "
-                      f"{statistics.median(t[4:]) * 1e3:5.2f} ms, load+warm {r['ready_s']:.2f} s, "
+                      f"{statistics.median(r['steady_s']) * 1e3:5.2f} ms, first 16 / steady speed "
+                      f"{statistics.median(r['steady_s']) / statistics.mean(t[:16]):.2f}, load+warm {r['ready_s']:.2f} s, "
                       f"faults {r['major_faults']}/{r['minor_faults']}, load avg {r['loadavg']:.1f}", flush=True)
         disk["direct"] = statistics.median(disk["direct_all"])
         disk["buffered"] = statistics.median(disk["buffered_all"])

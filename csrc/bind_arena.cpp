@@ -40,7 +40,12 @@ void bind_residency(PyArenaClass& c) {
            "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
       .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
+      .def("stop_prefault", [](const PyArena& a) { a.arena->stop_prefault(); },
+           py::call_guard<py::gil_scoped_release>(),
+           "stop a running prefault at its next 64 MiB step and wait for it (status 'error: stopped')")
       .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
+      .def_property_readonly("prefault_done_bytes", [](const PyArena& a) { return a.arena->prefault_done_bytes(); },
+                             "bytes the current (or last) prefault has gone through")
       .def_static("read_file_through_cache", [](const std::string& path) {
              int64_t n = 0;
              or_raise([&](auto* e) { return (n = read_file_through_cache(path, e)) >= 0; });

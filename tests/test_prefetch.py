@@ -5,6 +5,8 @@ an output, in any format, for anonymous and file-backed experts; KTMoE's "auto" 
 it on only for file-backed experts that do not fit in memory together (the speed it
 buys under a memory limit: benchmarks/bench_bigger_than_ram.py).
 """
+import copy
+
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ def _layer(fmt="bf16", directory=None, **kw):
     gate_up, down = random_experts(E, H, I)
     layer = KTMoE(E, K, H, I, weight_format=fmt, mmap_experts_dir=directory, numa_parts=1, **kw)
     layer.load_weights(gate_up, down)
+    layer.join_warm()  # warm="auto": a layer reads ahead until its model's background warm has reached it
     return layer
 
 
@@ -82,6 +85,21 @@ def test_auto_is_decided_again_after_a_reload(tmp_path, monkeypatch):
     gate_up, down = random_experts(E, H, I, seed=1)
     layer.load_weights(gate_up, down)  # more arena allocations: the process-wide answer is asked again
     assert layer.prefetching
+    layer.join_warm()
+    assert layer.prefetching and layer.model_warm.progress()["stopped_reason"]  # and no warm: it does not fit
+
+
+def test_auto_reads_ahead_until_the_model_warm_reaches_the_layer(tmp_path):
+    layer = _layer(directory=tmp_path)  # joined: warmed
+    assert not layer.arenas.warm_pending and not layer.prefetching
+    layer.arenas.warm_pending = True  # as the model's warm marks a layer it has queued
+    assert layer.prefetching and copy.deepcopy(layer).prefetching  # kept on the arenas, which copies share
+    x = torch.randn(2, H)
+    ids, w = random_routing(2, E, K)
+    assert torch.equal(layer(x, ids, w), ops.moe_forward(x, ids, w, *layer.packed_tensors()[0]))
+    layer.arenas.warm_pending = False
+    assert not layer.prefetching
+    assert not _layer(directory=_subdir(tmp_path, "none"), warm="none").prefetching
 
 
 def test_each_model_keeps_its_own_read_ahead_decision(tmp_path, monkeypatch):
@@ -110,7 +128,6 @@ def test_prefetch_argument_is_checked(bad):
 
 
 def test_prefetch_mode_survives_copies(tmp_path):
-    import copy
     import pickle
 
     layer = _layer(directory=tmp_path, prefetch=True)

@@ -25,6 +25,7 @@ def _evict(layer):
 
 
 def _layer(tmp_path, **kwargs):
+    kwargs.setdefault("warm", "none")  # these tests warm by hand (warm="auto": test_warm_auto.py)
     layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=2, **kwargs)
     layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
     return layer
@@ -57,9 +58,10 @@ def test_warm_argument(tmp_path, mode):
     assert layer.resident_bytes >= 0.99 * layer.packed_bytes
 
 
-def test_warm_none_is_default_and_bad_mode_is_refused(tmp_path):
+def test_warm_none_reads_nothing_and_bad_mode_is_refused(tmp_path):
     layer = _layer(tmp_path)
     assert layer.warm_mode == "none" and all(a.prefault_status == "" for a in layer.arenas)
+    assert layer.model_warm is None
     with pytest.raises(ValueError, match="warm must be one of"):
         KTMoE(E, K, H, I, warm="eager")
 
@@ -118,7 +120,7 @@ def test_warm_from_each_residency_state_keeps_outputs_and_the_cache_file(tmp_pat
     not mapped here (as another process, or a cache check, leaves it); half_cached: every
     other MiB in the page cache.
     """
-    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1, warm="none")
     layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
     x = torch.randn(3, H, dtype=torch.bfloat16)
     ids, w = random_routing(3, E, K)
@@ -127,7 +129,7 @@ def test_warm_from_each_residency_state_keeps_outputs_and_the_cache_file(tmp_pat
     digest = _file_digest(path)
     del layer
     gc.collect()
-    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1, warm="none")
     assert layer.try_load_cached(fingerprint)
     _evict(layer)
     if state == "cached_unmapped":
@@ -181,7 +183,7 @@ def test_read_file_through_cache(tmp_path):
 
 def test_read_first_maps_the_same_experts(tmp_path):
     """load_or_build(read_first_max_bytes=) reads the kept file first; same tensors, file unchanged."""
-    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1)
+    layer = KTMoE(E, K, H, I, mmap_experts_dir=tmp_path, numa_parts=1, warm="none")
     layer.load_weights(*random_experts(E, H, I, dtype=torch.bfloat16))
     key = layer._cache_key(0, layer.cache_fingerprint)
     path = os.path.join(tmp_path, "layer0000.part0.ktmoe")
@@ -197,3 +199,17 @@ def test_read_first_maps_the_same_experts(tmp_path):
     gc.collect()
     assert _file_digest(path) == digest
 
+
+
+def test_stop_prefault_stops_a_background_read_and_the_next_prefault_runs(tmp_path):
+    arena = WeightArena(tmp_path, "stop")
+    t = arena.empty(256 * MiB)
+    t.fill_(5)
+    arena.evict()
+    arena.prefault(wait=False)
+    arena.stop_prefault()  # returns within one 64 MiB step
+    assert arena.prefault_status in ("error: stopped", "populate_read")
+    assert arena.prefault_done_bytes <= 256 * MiB
+    arena.prefault(wait=True)  # the stop is not sticky
+    assert arena.prefault_status == "populate_read" and arena.prefault_done_bytes == 256 * MiB
+    assert arena.resident_bytes() >= 0.99 * 256 * MiB

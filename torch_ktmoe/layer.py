@@ -6,13 +6,13 @@ import torch
 from torch import nn
 
 from . import cache as _cache
-from . import layer_copies, memory, ops
+from . import layer_copies, memory, model_warm, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
 from .paths import utf8_path
 
 
-WARM_MODES = ("none", "blocking", "background")
+WARM_MODES = ("auto", "none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
 
 
@@ -37,9 +37,17 @@ class KTMoE(nn.Module):
         group_size: int4 / fp8 group size along the input dimension (default 32 / 128); FP8
             checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
-        warm: ``"none"`` (default), ``"blocking"`` or ``"background"``: after
-            loading, prefault the layer's files (see :meth:`warm`) and return
-            when done, or on one background thread per arena.
+        warm: ``"auto"`` (default): with file-backed experts that fit in memory
+            (the check ``prefetch="auto"`` makes, per model directory), the
+            model's one background worker prefaults its layers in load order
+            while the first tokens run, the routed experts of a layer not yet
+            warm being read ahead meanwhile; a load that finds the model no
+            longer fits stops it (read-ahead as ``prefetch="auto"`` then);
+            anonymous experts: nothing (:mod:`torch_ktmoe.model_warm`,
+            :attr:`model_warm`). ``"none"``: experts fault in on first use.
+            ``"blocking"`` or ``"background"``: after loading, prefault the
+            layer's files (see :meth:`warm`) and return when done, or on one
+            background thread per arena.
         cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
             experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
             file for the same weights exists, maps it (copy on write) instead of
@@ -98,7 +106,7 @@ class KTMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
-                 hugepage: bool = True, warm: str = "none", cache: Optional[str] = None,
+                 hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: Union[str, bool] = "auto"):
         super().__init__()
@@ -121,6 +129,7 @@ class KTMoE(nn.Module):
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
         self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
+        self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
         self.mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir") if mmap_experts_dir is not None else None
         if cache is not None:
@@ -321,11 +330,17 @@ class KTMoE(nn.Module):
         self._after_load()
 
     def _after_load(self):
-        self._auto_prefetch = self.prefetch_mode == "auto" and self.arenas.file_backed
-        if self._auto_prefetch:  # asked again at each load of the model's layers: the last sees the whole model
+        file_backed = self.arenas.file_backed
+        self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
+        if file_backed and (self._auto_prefetch or self.warm_mode == "auto"):
+            # asked again at each load of the model's layers: the last sees the whole model
             self.read_ahead = memory.model_read_ahead(self.mmap_experts_dir)
             self.read_ahead.decide()
-        if self.warm_mode != "none":
+        if self.warm_mode == "auto":
+            if file_backed:
+                self.model_warm = model_warm.warm_on_load(self.arenas, self.mmap_experts_dir,
+                                                          self.read_ahead.file_experts_fit)
+        elif self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
 
     # ---------------------------------------------------------------- residency
@@ -353,7 +368,9 @@ class KTMoE(nn.Module):
         return self.arenas.warm(wait)
 
     def join_warm(self) -> None:
-        """Waits for a background :meth:`warm` to finish."""
+        """Waits for a background :meth:`warm` to finish, and for the model's (``warm="auto"``)."""
+        if self.model_warm is not None:
+            self.model_warm.join()
         self.arenas.join_warm()
 
     @property
@@ -363,8 +380,10 @@ class KTMoE(nn.Module):
 
     @property
     def prefetching(self) -> bool:
-        """Whether forwards read ahead the routed experts now (``prefetch`` resolved)."""
-        return self.prefetch_mode is True or (self._auto_prefetch and not self.read_ahead.file_experts_fit)
+        """Whether forwards read ahead the routed experts now (``prefetch`` resolved; with ``"auto"`` also
+        while the model's background warm has not reached this layer)."""
+        return self.prefetch_mode is True or (self._auto_prefetch and (
+            not self.read_ahead.file_experts_fit or self.arenas.warm_pending))
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""

@@ -2,7 +2,8 @@
 
 It makes them (named in C++: ``layer0003.part1``), replaces one for each cache load
 or build (:meth:`load_or_build`: one C++ call per part), and answers for all of them
-together: statistics, residency (:meth:`warm`, :attr:`resident_bytes`). Anonymous
+together: statistics, residency (:meth:`warm`, :attr:`resident_bytes`, :meth:`missing_bytes`;
+the model-wide background warm of ``warm="auto"`` is model_warm.py's). Anonymous
 experts are always resident; warming is a no-op for them. It is a sequence of
 :class:`~torch_ktmoe.arena.WeightArena` (``layer.arenas[p]``).
 """
@@ -73,6 +74,26 @@ class LayerArenas(Sequence):
         """Bytes of the layer's packed experts in RAM (``mincore`` over its files)."""
         return sum(a.resident_bytes() for a in self._arenas)
 
+    @property
+    def warm_pending(self) -> bool:
+        """Whether the model's background warm (``warm="auto"``, model_warm.py) has queued or is reading this
+        layer. Kept on the arenas, which copies of the layer share."""
+        return any(getattr(a, "warm_pending", False) for a in self._arenas)
+
+    @warm_pending.setter
+    def warm_pending(self, pending: bool) -> None:
+        for a in self._arenas:
+            a.warm_pending = pending
+
+    @property
+    def file_resident_bytes(self) -> int:
+        """Bytes of the layer's file-backed experts in RAM (``mincore`` over its files)."""
+        return sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in self._arenas if a.file_mode)
+
+    def missing_bytes(self) -> int:
+        """Bytes of the layer's file-backed experts not in RAM: what a warm reads from disk."""
+        return sum(a.stats()["file_backed_bytes"] for a in self._arenas if a.file_mode) - self.file_resident_bytes
+
     @staticmethod
     def read_budget() -> int:
         """Bytes a load or a warm may read into RAM without evicting others: the one headroom check."""
@@ -83,9 +104,7 @@ class LayerArenas(Sequence):
         file_arenas = [a for a in self._arenas if a.file_mode]
         if not file_arenas:
             return True
-        missing = sum(a.stats()["file_backed_bytes"] for a in file_arenas) - \
-            sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in file_arenas)
-        budget = self.read_budget()
+        missing, budget = self.missing_bytes(), self.read_budget()
         if missing > budget:
             warnings.warn(f"KTMoE(layer {self.layer_idx}): not warming {missing / 2**20:.0f} MiB of experts: "
                           f"only {budget / 2**20:.0f} MiB of memory headroom (warming would evict "

@@ -47,7 +47,7 @@
 //
 // Residency (weight_arena_residency.cpp): resident_bytes() (mincore), evict()
 // (drop the file's pages from memory), prefault() (warm the file, optionally
-// on one background I/O thread that the destructor stops and joins).
+// on one background I/O thread that stop_prefault() and the destructor stop and join).
 //
 // Parts: BackingFile (backing_file.h) owns the file (create, reserve, write
 // back, keep atomically); MappedSlice (mapped_slice.h) owns each mapping;
@@ -155,9 +155,14 @@ class KtWeightArena {
   // is kept in prefault_status(). No-op when anonymous.
   bool prefault(bool wait, std::string* error);
   void join_prefault();          // waits for a background prefault, if any
+  // Stops a running prefault (background, or wait=true on another thread) at its next
+  // 64 MiB step and waits for it (its status: "error: stopped"); later prefaults run.
+  void stop_prefault();
   // "" (never run), "running", "populate_read", "willneed" (method that
   // completed) or "error: ..." (what failed).
   std::string prefault_status() const;
+  // Bytes of the slices the current (or last) prefault has gone through: its progress.
+  int64_t prefault_done_bytes() const { return prefault_done_.load(); }
 
   // Persistent arenas only (see the note). begin_build: false with *error when
   // the temp file cannot be made (allocations then fall back with that reason).
@@ -240,6 +245,7 @@ class KtWeightArena {
   std::mutex prefault_mutex_;        // serialises prefault()/join_prefault()
   std::thread prefault_thread_;
   std::atomic<bool> prefault_stop_{false};
+  std::atomic<int64_t> prefault_done_{0};
   mutable std::mutex status_mutex_;
   std::string prefault_status_;
 };

@@ -36,7 +36,7 @@
 //   time where the folios allow) and reports errors (EFAULT/EIO/ENOMEM); where it
 //   is missing (EINVAL) falls back to MADV_WILLNEED. Background mode: one I/O
 //   thread (not a compute thread: it blocks in read/madvise and streams pages),
-//   working in 64 MiB steps so that the destructor can stop it promptly; it
+//   working in 64 MiB steps so that stop_prefault() and the destructor stop it promptly; it
 //   holds no reference to the arena (the destructor joins it before unmapping),
 //   so it never keeps an arena alive, and a process that exits while it runs
 //   simply ends it.
@@ -187,6 +187,7 @@ void KtWeightArena::run_prefault(const std::vector<Span>& spans, int fd) {
         goto done;
       }
       const int64_t n = std::min(kPrefaultStep, s.bytes - off);
+      prefault_done_.fetch_add(n);  // counted as started: progress of a step in flight
       const bool cached = all_resident(p + off, n);
       std::string error;
       if (!cached && !read_through(fd, s.offset + off, n, buf.data(), kReadChunk, &error)) {
@@ -220,6 +221,7 @@ bool KtWeightArena::prefault(bool wait, std::string* error) {
     std::lock_guard<std::mutex> status_lock(status_mutex_);
     prefault_status_ = "running";
   }
+  prefault_done_.store(0);
   std::vector<Span> spans = mapped_spans();
   const int fd = file_.fd();  // the file stays open (and the same) while slices are mapped
   if (!wait) {
@@ -238,6 +240,12 @@ bool KtWeightArena::prefault(bool wait, std::string* error) {
 void KtWeightArena::join_prefault() {
   std::lock_guard<std::mutex> lock(prefault_mutex_);
   if (prefault_thread_.joinable()) prefault_thread_.join();
+}
+
+void KtWeightArena::stop_prefault() {
+  prefault_stop_.store(true);
+  join_prefault();  // takes prefault_mutex_: also waits for a wait=true run on another thread
+  prefault_stop_.store(false);
 }
 
 std::string KtWeightArena::prefault_status() const {

@@ -1,0 +1,209 @@
+"""ModelWarm: the background warm of one model, one worker per experts directory (``KTMoE(warm="auto")``).
+
+``warm="auto"`` (KTMoE's default) hands each loaded layer with file-backed experts to the
+:class:`ModelWarm` of its directory (one directory holds one model's layers, as for
+:class:`torch_ktmoe.memory.ReadAhead`) while the model's file-backed experts fit in memory, the
+decision read-ahead already takes at every load (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`:
+the last layer loaded sees the whole model). One worker thread per model prefaults the layers in
+load order, one arena at a time (:meth:`WeightArena.prefault`: ``read()`` at disk speed, then
+``MADV_POPULATE_READ``), while the first tokens run. A load that finds the model no longer fits
+stops it (:meth:`stop`: the read in flight ends within one 64 MiB step, queued layers are dropped)
+and read-ahead of the routed experts takes over; so does a layer whose missing bytes exceed the
+memory headroom when its turn comes (:meth:`LayerArenas.read_budget`).
+
+Threads and lifetime: the reads run in the arena's C++ I/O thread without the GIL; the worker
+(a daemon thread) only starts them and polls their status 50 times a second, holding weak
+references, so it keeps no layer alive: freeing a layer stops its read (the arena's destructor).
+The worker ends when its queue is empty; :func:`stop_all` (registered with ``atexit``) stops
+every model's warm at interpreter exit. An error while warming (``prefault_status``
+``"error: ..."``) warns (:class:`WarmWarning`) and is kept in :meth:`progress`; the forward
+then faults the pages in as without warm.
+"""
+import atexit
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import Dict, List, Optional
+
+POLL_S = 0.02  # how often the worker looks at the read in flight (its only GIL use while warming)
+
+
+class WarmWarning(UserWarning):
+    """A background warm failed on one arena (the message names it and the error); forwards still fault in."""
+
+
+class ModelWarm:
+    """The background warm of the layers whose experts live in one directory (see the module)."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._lock = threading.Condition()
+        self._queue: List[weakref.ref] = []  # LayerArenas, load order
+        self._current: Optional[weakref.ref] = None  # the WeightArena being prefaulted
+        self._thread: Optional[threading.Thread] = None
+        self._layers: List[weakref.ref] = []  # every LayerArenas handed over (progress)
+        self.stopped_reason = ""  # why warming stopped; "" while it may run
+        self.warmed_layers = 0
+        self.warmed_bytes = 0  # bytes the finished prefaults went through
+        self.errors: List[str] = []
+
+    def __deepcopy__(self, memo):  # one per model: a copied layer shares it
+        return self
+
+    # ------------------------------------------------------------ control
+    def add(self, arenas) -> None:
+        """Queues a loaded layer's :class:`LayerArenas` (the model fits: warming may resume)."""
+        with self._lock:
+            self.stopped_reason = ""
+            if not any(r() is arenas for r in self._queue):
+                self._queue.append(weakref.ref(arenas))
+                arenas.warm_pending = True
+            if not any(r() is arenas for r in self._layers):
+                self._layers = [r for r in self._layers if r() is not None] + [weakref.ref(arenas)]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"ktmoe-warm:{self.directory}", daemon=True)
+                self._thread.start()
+
+    def stop(self, reason: str) -> None:
+        """Stops warming: the read in flight ends within one 64 MiB step; queued layers are dropped."""
+        with self._lock:
+            self.stopped_reason = reason
+            for r in self._queue:
+                if r() is not None:
+                    r().warm_pending = False
+            self._queue.clear()
+            current = self._current() if self._current is not None else None
+        if current is not None:
+            current.stop_prefault()  # without the GIL; waits for the step in flight
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits until nothing is queued or running; False if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._thread is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def progress(self) -> dict:
+        """``directory``, ``running``, ``queued_layers``, ``warmed_layers``, ``warmed_bytes`` (what the
+        finished prefaults went through), ``file_backed_bytes`` and ``resident_bytes`` (``mincore``) of
+        the model's live layers, ``stopped_reason`` and ``errors`` (a layer with one is not counted warmed)."""
+        with self._lock:
+            layers = [r() for r in self._layers]
+            out = dict(directory=self.directory, running=self._thread is not None,
+                       queued_layers=sum(r() is not None for r in self._queue), warmed_layers=self.warmed_layers,
+                       warmed_bytes=self.warmed_bytes, stopped_reason=self.stopped_reason, errors=list(self.errors))
+        layers = [a for a in layers if a is not None]
+        out["file_backed_bytes"] = sum(a.file_backed_bytes for a in layers)
+        out["resident_bytes"] = sum(a.file_resident_bytes for a in layers)
+        return out
+
+    # ------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                layer = None
+                while self._queue and layer is None:
+                    layer = self._queue.pop(0)
+                    layer = layer if layer() is not None else None
+                if layer is None:
+                    self._thread = None
+                    self._lock.notify_all()
+                    return
+            try:
+                self._warm_layer(layer)
+            finally:
+                arenas = layer()
+                if arenas is not None:
+                    arenas.warm_pending = False
+                del arenas
+
+    def _warm_layer(self, layer: weakref.ref) -> None:
+        arenas = layer()
+        if arenas is None:
+            return
+        missing, budget = arenas.missing_bytes(), arenas.read_budget()
+        if missing > budget:  # memory filled up since the load: warming would evict the hot set
+            self.stop(f"layer {arenas.layer_idx}: {missing / 2**20:.0f} MiB to read, only "
+                      f"{budget / 2**20:.0f} MiB of memory headroom")
+            return
+        refs = [weakref.ref(a) for a in arenas if a.file_mode]
+        layer_idx, failed = arenas.layer_idx, False
+        del arenas  # weak from here: freeing the layer stops its read (the arena's destructor)
+        for ref in refs:
+            a = ref()
+            if a is None:
+                continue
+            a.join_prefault()  # one started elsewhere (KTMoE.warm): not under the lock below
+            with self._lock:
+                if self.stopped_reason:
+                    return
+                a.prefault(wait=False)  # starts the arena's I/O thread and returns
+                self._current = ref
+            del a
+            status = self._wait(ref)
+            with self._lock:
+                self._current = None
+                if status.startswith("error: ") and status != "error: stopped":
+                    failed = True
+                    self.errors.append(f"layer {layer_idx} ({ref().name if ref() else '?'}): {status[7:]}")
+                    warnings.warn(f"KTMoE(layer {layer_idx}): warming its experts in {self.directory} failed "
+                                  f"({status[7:]}); they fault in on first use", WarmWarning)
+                elif status != "error: stopped" and ref() is not None:
+                    self.warmed_bytes += ref().prefault_done_bytes
+        with self._lock:
+            if not (self.stopped_reason or failed):
+                self.warmed_layers += 1
+
+    @staticmethod
+    def _wait(ref) -> str:
+        """The final status of the arena's prefault ("error: stopped" if the arena went)."""
+        while True:
+            a = ref()
+            if a is None:
+                return "error: stopped"
+            status = a.prefault_status
+            if status != "running":
+                return status
+            del a
+            time.sleep(POLL_S)
+
+
+_BY_DIR: Dict[str, ModelWarm] = {}
+_BY_DIR_LOCK = threading.Lock()
+
+
+def model_warm(directory: str) -> ModelWarm:
+    """The :class:`ModelWarm` of the model whose experts live in ``directory``."""
+    with _BY_DIR_LOCK:
+        return _BY_DIR.setdefault(os.path.realpath(directory), ModelWarm(os.path.realpath(directory)))
+
+
+def warm_on_load(arenas, directory: str, fits: bool) -> ModelWarm:
+    """``warm="auto"`` at the end of a layer's load: queue it while the model fits, else stop the model's warm."""
+    warm = model_warm(directory)
+    if fits:
+        warm.add(arenas)
+    else:
+        warm.stop("the model's file-backed experts do not fit in memory: read-ahead of the routed experts instead")
+    return warm
+
+
+@atexit.register
+def stop_all() -> None:
+    """Stops every model's background warm and waits for the workers (interpreter exit)."""
+    with _BY_DIR_LOCK:
+        warms = list(_BY_DIR.values())
+    for w in warms:
+        w.stop("interpreter exit")
+    for w in warms:
+        w.join(timeout=5.0)
