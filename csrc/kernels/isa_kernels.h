@@ -1,6 +1,6 @@
 // [NOTE] The micro-kernel table: what one ISA provides to the MoE driver.
 //
-// Every ISA (generic, avx2, avx512) fills one IsaKernels. The driver
+// Every ISA (generic, avx2, avx512, amx) fills one IsaKernels. The driver
 // (moe_driver.cpp) owns routing, scratch and threading and calls only these
 // functions, so an ISA is a set of small, separately compiled, torch-free
 // functions over the layout of packed_format.h. generic is always built and is
