@@ -14,7 +14,8 @@ definitions (ggml-quants.c, quantize_row_q8_0 / quantize_row_q4_0 reference): pe
 largest-magnitude weight) and clamp(floor(w / d + 8.5), 0, 15) - 8; d in fp16. Their
 activations are q8_0 too (per block of 32), as llama.cpp's CPU mul_mat quantizes them
 (ours: int8 per token, one scale per row).
-Bytes per weight: bf16 16, int8 8 (+ a float per row), q8_0 8.5, int4 4.5, q4_0 4.5.
+Bits per weight: bf16 16, int8 8 (+ a float per row), int8 g32 / g64 (group_size=32 / 64: an fp32
+scale per row and group) 9 / 8.5, q8_0 8.5, int4 4.5, q4_0 4.5.
 """
 import argparse
 import os
@@ -24,6 +25,9 @@ import torch
 from ktmoe_harness.moe_inputs import random_routing
 from torch_ktmoe import KTMoE, reference
 from torch_ktmoe.ops import WEIGHT_FORMATS
+
+
+INT8_GROUPS = (32, 64)  # int8 rows per group, next to the per-channel default
 
 
 def draw(dist, shape, gen):
@@ -67,17 +71,18 @@ def main(argv=None):
     E, k, H, I, T = args.E, args.k, args.H, args.I, args.tokens
     print(f"torch {torch.__version__}; E={E} top-{k} H={H} I={I}, {T} tokens; {os.cpu_count()} CPUs")
     dists = ("gauss", "t3", "t6")
-    rows = {name: {} for name in (*WEIGHT_FORMATS, "llama.cpp q8_0 (emulated)", "llama.cpp q4_0 (emulated)")}
+    ours = [(fmt, fmt, 0) for fmt in WEIGHT_FORMATS] + [(f"int8 g{g}", "int8", g) for g in INT8_GROUPS]
+    rows = {name: {} for name in (*(n for n, _, _ in ours), "llama.cpp q8_0 (emulated)", "llama.cpp q4_0 (emulated)")}
     for dist in dists:
         gen = torch.Generator().manual_seed(args.seed)
         gate_up, down = draw(dist, (E, 2 * I, H), gen), draw(dist, (E, H, I), gen)
         x = torch.randn(T, H, generator=gen)
         ids, w = random_routing(T, E, k, generator=gen)
         ref = reference.moe_reference(x, ids, w, gate_up, down)
-        for fmt in WEIGHT_FORMATS:
-            layer = KTMoE(E, k, H, I, weight_format=fmt)
+        for name, fmt, group in ours:
+            layer = KTMoE(E, k, H, I, weight_format=fmt, group_size=group)
             layer.load_weights(gate_up, down)
-            rows[fmt][dist] = reference.relative_error(layer(x, ids, w), ref)
+            rows[name][dist] = reference.relative_error(layer(x, ids, w), ref)
         for name, fn in (("llama.cpp q8_0 (emulated)", q8_0), ("llama.cpp q4_0 (emulated)", q4_0)):
             out = reference.moe_reference(x, ids, w, ggml_blocks(gate_up, fn), ggml_blocks(down, fn),
                                           lambda a: ggml_blocks(a, q8_0))

@@ -33,7 +33,7 @@ def test_an_unknown_format_names_the_known_ones():
 
 def _expected_bytes(row, role, n, k, group):
     """The blob size the row's fields imply (packed_format.h): header, data, scales, each 64-aligned."""
-    g = {"none": 0, "row": None, "chosen": group or row["default_group"]}[row["group"]]
+    g = {"none": 0, "row": group or None, "chosen": group or row["default_group"]}[row["group"]]  # row: 0 per row
     kp = -(-k // (g or 32)) * (g or 32)
     np_ = 2 * -(-(n // 2) // 16) * 16 if role == "gate_up" else -(-n // 16) * 16
     data = np_ * kp * row["code_bits"] // 8
@@ -52,7 +52,7 @@ def test_each_row_packs_decodes_and_forwards_as_it_says(row, H, I, group):
         total, kp, g = _expected_bytes(row, role, n, k, group)
         h = packed_header(w)
         assert (h["format"], h["total_bytes"], w.shape[1], h["kp"], h["group"]) == (fmt, total, total, kp, g)
-    used = group or row["default_group"] or 32
+    used = group or row["default_group"] or None  # None: the format's default (int8: per row)
     got_gu, got_dn, got_fmt = unpack_experts([(w13, w2)])
     assert got_fmt == fmt
     assert torch.equal(got_gu.float(), reference.quantize_weights(gate_up, fmt, used))

@@ -86,7 +86,8 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
-    ``group_size``: int4 / fp8 group along the input dimension (0: the format's default, 32 / 128).
+    ``group_size``: int4 / fp8 group along the input dimension (0: the format's default, 32 / 128);
+    int8: a scale per (row, group of ``group_size`` inputs), 0: one per row.
     ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
     (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
 

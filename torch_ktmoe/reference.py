@@ -68,16 +68,24 @@ def _bf16(t):
     return t.to(torch.bfloat16).float()
 
 
-def quantize_int8(w):
-    """Per-output-channel symmetric int8 of w [..., n, k], dequantized (fp32)."""
+def quantize_int8(w, group=None):
+    """Symmetric int8 of w [..., n, k], dequantized (fp32): a scale s = max|w| / 127 per output
+    channel (``group`` None or 0), or per (channel, group of ``group`` inputs, the last one
+    partial); q = w / s rounded half away from zero, clamped to ±127, 0 where s = 0."""
     w = w.float()
-    scale = w.abs().amax(-1, keepdim=True) / 127
-    q = torch.where(scale > 0, torch.round(w / torch.where(scale > 0, scale, 1)), 0).clamp(-127, 127)
-    return q * scale
+    *lead, n, k = w.shape
+    g = group or k
+    pad = (-k) % g
+    x = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // g, g)
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(scale > 0, _round_half_away(x / torch.where(scale > 0, scale, 1)), 0).clamp(-127, 127)
+    return (q * scale).reshape(*lead, n, k + pad)[..., :k]
 
 
 def _round_half_away(x):
-    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+    """std::round: x - trunc(x) is exact, so no sum rounds up a value just below a half."""
+    t = torch.trunc(x)
+    return t + torch.sign(x) * ((x - t).abs() >= 0.5)
 
 
 INT4_LEVELS = (-64, -46, -35, -27, -20, -14, -8, -3, 2, 8, 14, 20, 27, 35, 45, 56)
@@ -143,11 +151,11 @@ def quantize_fp8(w, group=128):
 
 def quantize_weights(w, weight_format, group=None):
     """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
-    format's default (int4 32, fp8 128)."""
+    format's default (int8 per output channel, int4 32, fp8 128)."""
     if weight_format == "bf16":
         return _bf16(w)
     if weight_format == "int8":
-        return quantize_int8(w)
+        return quantize_int8(w, group)
     if weight_format == "int4":
         return quantize_int4(w, group or 32)
     if weight_format == "fp8":

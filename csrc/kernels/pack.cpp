@@ -6,9 +6,11 @@
 // (output column) that maps to a dense row, its data and scales:
 //
 //   kBF16  bf16(w) with round-to-nearest-even at the VNNI pair offset.
-//   kINT8  s[n] = max|w[n]| / 127 (fp32), u = clamp(round(w / s), -127, 127) + 128.
-//          A padded *element* (k <= c < kp, or a padded row) holds u = 128, the
-//          encoding of weight 0 ("padded weights are 0"); padded rows have s = 0.
+//   kINT8  per (row, group G of header.group inputs; one group = kp by default):
+//          s = max|w| / 127 (fp32) over the group's valid columns, u = clamp(round(w / s),
+//          -127, 127) + 128 (round half away from zero). A padded *element* (k <= c < kp,
+//          or a padded row) holds u = 128, the encoding of weight 0 ("padded weights are
+//          0"); padded rows and groups entirely in padding have s = 0.
 //   kINT4  per (row, group) of valid values v (codebook L = kInt4Levels, from -64 to 56;
 //          vmin / vmax = min / max of v): two bases, d+ = max(-vmin / 64, vmax / 56)
 //          (d > 0: the range fits [-64d, 56d]) and d- = -max(vmax / 64, -vmin / 56)
@@ -31,7 +33,7 @@
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
 // padding). kPlain / kDown: dense row pr (pr >= n is padding).
 //
-// int4 group vs kp: the format indexes scales by k / g with kp / g groups, so kp
+// Group vs kp (int4, fp8, int8 given a group_size): scales are indexed by k / g with kp / g groups, so kp
 // must be a multiple of g. For g = 32 that is kp = round_up(k, 32); for a larger
 // g (64, 128, ...) packed_matrix_header() uses kp = round_up(k, g), still a
 // multiple of 32 as the format requires.
@@ -107,21 +109,24 @@ void pack_row_bf16(const PackedMatrixHeader& h, int64_t pr, const float* w, uint
   // padded columns stay 0 (bf16 +0.0)
 }
 
-// w == nullptr: a padded row (all weights 0).
+// w == nullptr: a padded row (all weights 0). Scale of (pr, G): the fp32 at
+// ((block * (kp / g) + G) * 16 + pr % 16) * 4, which is pr * 4 for one group (per row).
 void pack_row_int8(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* data,
                    uint8_t* scales) {
-  uint8_t* base = data + (pr / kBlockN) * (int64_t(h.kp) * 16) + (pr % kBlockN) * 4;
-  float amax = 0.f;
-  if (w)
-    for (int64_t c = 0; c < h.k; ++c) amax = std::max(amax, std::fabs(w[c]));
-  const float s = amax / 127.f;
-  for (int64_t c = 0; c < h.kp; ++c) {
-    int wq = 0;
-    if (w && c < h.k && s > 0.f)
-      wq = static_cast<int>(std::min(127.f, std::max(-127.f, std::round(w[c] / s))));
-    base[(c / 4) * 64 + (c % 4)] = static_cast<uint8_t>(wq + 128);
+  const int64_t g = h.group, ngroups = h.kp / g, block = pr / kBlockN, i = pr % kBlockN;
+  uint8_t* base = data + block * (int64_t(h.kp) * 16) + i * 4;
+  for (int64_t G = 0; G < ngroups; ++G) {
+    const int64_t c0 = G * g, c1 = w ? std::min<int64_t>(h.k, c0 + g) : c0;
+    float amax = 0.f;
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[c]));
+    const float s = amax / 127.f;
+    for (int64_t c = c0; c < c0 + g; ++c) {
+      int wq = 0;
+      if (c < c1 && s > 0.f) wq = static_cast<int>(std::min(127.f, std::max(-127.f, std::round(w[c] / s))));
+      base[(c / 4) * 64 + (c % 4)] = static_cast<uint8_t>(wq + 128);
+    }
+    store_f32(scales + ((block * ngroups + G) * kBlockN + i) * 4, s);
   }
-  store_f32(scales + pr * 4, s);
 }
 
 // q_out[i] = the nearest level index of v[i] / d for the bf16 scale db. Returns the squared
@@ -208,7 +213,7 @@ void check_header(const PackedMatrixHeader& h) {
   if (!traits || h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 ||
       h.np % kBlockN != 0 || h.kp % kAlignK != 0 || h.kp < h.k || h.np < h.n)
     throw std::invalid_argument("pack_matrix: inconsistent header (use packed_matrix_header)");
-  if (traits->group == GroupRule::kChosen && (h.group <= 0 || h.kp % h.group))
+  if (traits->group != GroupRule::kNone && (h.group <= 0 || h.kp % h.group))
     throw std::invalid_argument(std::string("pack_matrix: ") + traits->name + " group must divide kp");
 }
 
@@ -222,8 +227,8 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
   const WeightFormatTraits* traits = find_format_traits(uint8_t(format));
   if (!traits) throw std::invalid_argument("packed_matrix_header: unknown weight format");
   int64_t kp = round_up(k, kAlignK), g = 0;  // GroupRule::kNone
-  if (traits->group == GroupRule::kRow) g = kp;
-  if (traits->group == GroupRule::kChosen) {
+  if (traits->group == GroupRule::kRow && group <= 0) g = kp;  // int8's default: one group per row
+  if (traits->group == GroupRule::kChosen || (traits->group == GroupRule::kRow && group > 0)) {
     g = group > 0 ? group : traits->default_group;
     if (g % kAlignK != 0)
       throw std::invalid_argument(std::string("packed_matrix_header: ") + traits->name +

@@ -33,12 +33,17 @@
 //         bf16 at byte offset  block*(kp*32) + (k/2)*64 + (n%16)*4 + (k%2)*2
 //         (the VNNI pair layout vdpbf16ps reads). No scales. Activations: bf16.
 //
-//  kINT8  per-output-channel symmetric: s[n] = max_k |w[n][k]| / 127,
-//         wq = round(w / s) in [-127, 127], stored *unsigned* as u = wq + 128 (u8).
+//  kINT8  symmetric, a scale per (output row, group of g = header.group inputs):
+//         s[n,G] = max_{k in G} |w[n][k]| / 127, wq = round(w / s) in [-127, 127],
+//         stored *unsigned* as u = wq + 128 (u8). w = s[n, k/g] * (u - 128).
+//         g = kp by default (per output channel); a group_size g (a multiple of 32,
+//         kp = round_up(k, g)) gives q8_0-like groups (32 or 64).
 //         data: per block, kp/4 "k-quads", each 16 columns x 4 u8 (64 bytes):
 //         u8 at byte offset  block*(kp*16) + (k/4)*64 + (n%16)*4 + (k%4)
-//         (the layout vpdpbusd reads). scales: float s[np] (0 for padded rows).
-//         w = s[n] * (u - 128).
+//         (the layout vpdpbusd reads). scales: per block, per group: 16 fp32 s
+//         (64 bytes), at scale byte offset  ((block*(kp/g) + k/g)*16 + n%16)*4
+//         (0 for padded rows). With one group (g = kp) that offset is n*4: the
+//         float s[np] of per-channel files, which read unchanged.
 //
 //  kINT4  group-wise, a 16-level codebook with one scale per group, 4.5 bits per
 //         weight at the default group g = header.group = 32 (a multiple of 32).
@@ -67,7 +72,9 @@
 // Activations for kINT8 / kINT4 are int8 per row (token): sx = max|x| / 127,
 // xq = round(x / sx) (signed), plus per-group sums of xq (group = header.group;
 // for kINT8 group = kp, one sum). Then
-//   kINT8:  y[n] = sx * s[n] * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT8, g = kp:  y[n] = (sx * s[n]) * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT8, groups:  y[n] = sx * Σ_G s[n,G]·( Σ_{k∈G} u·xq − 128·Σ_{k∈G} xq )
+//                   (fp32: acc = fma(s[n,G], float(I_G), acc) over G in order, then sx * acc)
 //   kINT4:  y[n] = sx * Σ_G d[n,G]·( Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq )   (= Σ L[q]·xq)
 // Integer dot products are exact (int32), so every ISA path gives the same
 // integers; only the float epilogue may differ in rounding.
@@ -99,7 +106,7 @@ struct PackedMatrixHeader {
   uint8_t role;          // MatrixRole
   int32_t n, k;          // logical rows (outputs) and columns (inputs)
   int32_t np, kp;        // padded: np multiple of 16 (2*round_up(I,16) for kGateUp), kp of 32 and group
-  int32_t group;         // kINT4: group size; kINT8: kp; kBF16: 0
+  int32_t group;         // kINT4 / kFP8: group size; kINT8: kp (per row) or the group size; kBF16: 0
   int32_t reserved;      // 0
   int64_t data_offset;   // bytes from the header start to the data (64)
   int64_t scale_offset;  // bytes from the header start to the scales (0: none)

@@ -51,7 +51,7 @@ std::string check_packed_header(const PackedMatrixHeader& h, MatrixRole role, in
     return field("group", h.group, traits->default_group) + " (a positive multiple of 32)";
   PackedMatrixHeader want;
   try {
-    want = packed_matrix_header(format, role, h.n, h.k, chosen_group ? h.group : 0);
+    want = packed_matrix_header(format, role, h.n, h.k, traits->group != GroupRule::kNone ? h.group : 0);
   } catch (const std::exception& e) {
     return std::string("n/k/group are inconsistent: ") + e.what();
   }

@@ -20,10 +20,12 @@ namespace {
 // activations, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
 // fp8 (fp8_format.h): group 128 is DeepSeek-V3's weight_block_size; packed from dense weights its
 // scales are amax / 448 per (row, group), from an FP8 checkpoint the checkpoint's own (exact).
+// int8: per output row by default (group = kp), or per (row, group of group_size inputs); one
+// group's (block, group) fp32 records are the per-row s[np] of files packed before groups existed.
 constexpr WeightFormatTraits kRows[] = {
     {WeightFormat::kBF16, "bf16", 16, 2, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
      "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
-    {WeightFormat::kINT8, "int8", 8, 4, GroupRule::kRow, 0, ScaleLayout::kF32PerRow, 4, ActivationRows::kInt8,
+    {WeightFormat::kINT8, "int8", 8, 4, GroupRule::kRow, 0, ScaleLayout::kF32PerBlockGroup, 4, ActivationRows::kInt8,
      "gemm_int8", nullptr, &IsaKernels::gemm_int8, CodeValue::kOffset, 128, nullptr, 0.03},
     {WeightFormat::kINT4, "int4", 4, 8, GroupRule::kChosen, kDefaultInt4Group, ScaleLayout::kBF16PerBlockGroup, 2,
      ActivationRows::kInt8, "gemm_int4", nullptr, &IsaKernels::gemm_int4, CodeValue::kCodebook, 0, kInt4Levels,
@@ -41,7 +43,7 @@ constexpr bool rows_are_consistent() {
         (r.scales == ScaleLayout::kNone) != (r.scale_bytes == 0) ||
         (r.group == GroupRule::kChosen) != (r.default_group > 0) ||
         (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr) ||
-        (r.codes == CodeValue::kE4m3) != (r.scales == ScaleLayout::kF32PerBlockGroup) || r.k_run < 2)
+        (r.codes == CodeValue::kE4m3 && r.scales != ScaleLayout::kF32PerBlockGroup) || r.k_run < 2)
       return false;
   }
   return true;

@@ -32,7 +32,8 @@ struct QuantizedRows;
 // What header.group holds and how kp relates to it.
 enum class GroupRule : uint8_t {
   kNone = 0,    // group 0: no scales (kp = round_up(k, 32))
-  kRow = 1,     // group = kp: one scale per output row (kp = round_up(k, 32))
+  kRow = 1,     // group_size 0: group = kp, one scale per output row (kp = round_up(k, 32)); a
+                // group_size > 0 (a multiple of 32) chooses groups along the input as kChosen does
   kChosen = 2,  // group = the caller's group_size (a multiple of 32; 0 -> default_group),
                 // kp = round_up(k, group) so that groups tile kp
 };
@@ -40,7 +41,7 @@ enum class GroupRule : uint8_t {
 // Where the scales are and what one is.
 enum class ScaleLayout : uint8_t {
   kNone = 0,
-  kF32PerRow = 1,         // float s[np]
+  kF32PerRow = 1,         // float s[np] (no row uses it: one group of kF32PerBlockGroup is this layout)
   kBF16PerBlockGroup = 2, // per (block, group): 16 bf16 d, one per column of the block
   kF32PerBlockGroup = 3,  // per (block, group): 16 fp32 s, one per column of the block
 };

@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) test_pack(f, s.role, s.n, s.k, 0, rng);
   test_pack(WeightFormat::kINT4, MatrixRole::kDown, 33, 200, 64, rng);
   test_pack(WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 40, 128, rng);
+  for (int64_t g : {32, 64}) {  // int8 per group (0 above: per channel)
+    test_pack(WeightFormat::kINT8, MatrixRole::kDown, 33, 200, g, rng);
+    test_pack(WeightFormat::kINT8, MatrixRole::kGateUp, 2 * 20, 40, g, rng);
+    test_pack(WeightFormat::kINT8, MatrixRole::kPlain, 130, 130, g, rng);
+  }
   test_pack_errors();
   test_int4_codebook();
 
@@ -66,11 +71,19 @@ int main(int argc, char** argv) {
       for (const Shape& s : shapes) test_gemm(*isa.k, f, s.role, s.n, s.k, 0, rng);
     test_gemm(*isa.k, WeightFormat::kINT4, MatrixRole::kDown, 33, 200, 64, rng);
     test_gemm(*isa.k, WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 300, 128, rng);
+    for (int64_t g : {32, 64}) {
+      test_gemm(*isa.k, WeightFormat::kINT8, MatrixRole::kDown, 33, 200, g, rng);
+      test_gemm(*isa.k, WeightFormat::kINT8, MatrixRole::kGateUp, 2 * 20, 300, g, rng);
+    }
     test_silu(*isa.k, rng);
     test_swiglu_oai(*isa.k, rng);
     test_quantize(*isa.k, rng);
     test_to_bf16(*isa.k, rng);
     test_f16(*isa.k, rng);
+  }
+  for (int64_t g : {0, 32, 64}) {
+    test_int8_isas_agree(isas, MatrixRole::kDown, 33, 200, g, rng);
+    test_int8_isas_agree(isas, MatrixRole::kGateUp, 2 * 37, 1100, g, rng);  // k past one 1 KiB chunk
   }
   test_driver(isas, rng);
   test_driver_f16(isas, rng);

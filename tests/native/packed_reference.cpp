@@ -46,9 +46,13 @@ Decoded decode(const uint8_t* blob) {
   const int64_t dof = h.data_offset, sof = h.scale_offset;
   for (int64_t pr = 0; pr < D.np; ++pr) {
     const int64_t blk = pr / 16, i = pr % 16;
-    if (D.f == WeightFormat::kINT8) {
-      for (int b = 0; b < 4; ++b) D.touched[sof + pr * 4 + b] = 1;
-      std::memcpy(&D.s[pr], blob + sof + pr * 4, 4);
+    if (D.f == WeightFormat::kINT8) {  // fp32 s per (block, group) record, n % 16 inside
+      for (int64_t G = 0; G < D.ng; ++G) {
+        const int64_t off = sof + ((blk * D.ng + G) * 16 + i) * 4;
+        for (int b = 0; b < 4; ++b) D.touched[off + b] = 1;
+        std::memcpy(&D.d[pr * D.ng + G], blob + off, 4);
+      }
+      D.s[pr] = D.d[pr * D.ng];
     }
     if (D.f == WeightFormat::kINT4)
       for (int64_t G = 0; G < D.ng; ++G) {
@@ -63,7 +67,7 @@ Decoded decode(const uint8_t* blob) {
         const int64_t off = dof + blk * (D.kp * 16) + (c / 4) * 64 + i * 4 + (c % 4);
         D.touched[off] = 1;
         D.wi[e] = int32_t(blob[off]) - 128;
-        D.w[e] = double(D.s[pr]) * D.wi[e];
+        D.w[e] = double(D.d[pr * D.ng + c / D.g]) * D.wi[e];
       } else {
         const int64_t off = dof + blk * (D.kp * 8) + (c / 8) * 64 + i * 4 + (c % 4);
         D.touched[off] = 1;

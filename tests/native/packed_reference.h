@@ -24,8 +24,8 @@ struct Decoded {
   std::vector<double> w;            // [np][kp] dequantized
   std::vector<int32_t> wi;          // [np][kp] int8: u - 128, int4: q (the level is kInt4Levels[q])
   std::vector<uint16_t> wb;         // [np][kp] bf16 bits
-  std::vector<float> s;             // int8 [np]
-  std::vector<float> d;             // int4 [np][ng]
+  std::vector<float> s;             // int8 [np]: the first group's scale (the row's, per channel)
+  std::vector<float> d;             // int4 [np][ng] bf16 d, int8 [np][ng] fp32 s
   std::vector<uint8_t> touched;     // [total_bytes]
 };
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "check.h"
+#include "isa_tables.h"
 #include "kernels/pack.h"
 #include "packed_reference.h"
 #include "tests.h"
@@ -65,7 +66,7 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < k; ++c) abf[size_t(r * lda + c)] = ref_bf16(a[size_t(r * k + c)]);
     } else {
-      aq = quantize_acts(a, m, k, kp, f == WeightFormat::kINT8 ? kp : D.g);
+      aq = quantize_acts(a, m, k, kp, D.g);
     }
     // tight reference per (row, packed column)
     std::vector<double> ref(static_cast<size_t>(m * D.np)), tol(size_t(m * D.np));
@@ -80,11 +81,17 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
             s += t, sa += std::fabs(t);
           }
           ref[e] = s, tol[e] = (2.0 * kp + 8) * 0x1.0p-24 * sa + 1e-30;
-        } else if (f == WeightFormat::kINT8) {
-          int64_t I = 0;
-          for (int64_t c = 0; c < kp; ++c) I += int64_t(D.wi[size_t(base + c)]) * aq.q[size_t(r * aq.ldq + c)];
-          ref[e] = double(aq.s[r]) * D.s[pr] * double(I);
-          tol[e] = 4 * 0x1.0p-24 * std::fabs(ref[e]) + 1e-30;
+        } else if (f == WeightFormat::kINT8) {  // sx · Σ_G s[pr,G] · I_G (one group: sx · s · I)
+          double sum = 0, sa = 0;
+          for (int64_t G = 0; G < D.ng; ++G) {
+            int64_t I = 0;
+            for (int64_t c = G * D.g; c < (G + 1) * D.g; ++c)
+              I += int64_t(D.wi[size_t(base + c)]) * aq.q[size_t(r * aq.ldq + c)];
+            const double t = double(D.d[size_t(pr * D.ng + G)]) * double(I);
+            sum += t, sa += std::fabs(t);
+          }
+          ref[e] = double(aq.s[r]) * sum;
+          tol[e] = 2.0 * (D.ng + 4) * 0x1.0p-24 * aq.s[r] * sa + 1e-30;
         } else {
           double s = 0, sa = 0;
           for (int64_t G = 0; G < D.ng; ++G) {
@@ -147,6 +154,31 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
              "rel err vs dense %.4f (<= %.2f), guards %s, block splits %s",
              fmt_name(f), isa.name, role_name(role), (long long)n, (long long)k, (long long)D.g, worst,
              dense_rel, bound, guards ? "intact" : "OVERWRITTEN", splits ? "bit-identical" : "DIFFER"));
+}
+
+// int8 (per channel and per group): every ISA gives the bits of generic's gemm_int8 for the same
+// packed weights and activations (exact int32 sums, the same fp32 epilogue), any row count.
+void test_int8_isas_agree(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group,
+                          Rng& rng) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT8, role, n, k, group);
+  const AlignedBytes blob = pack(h, random_matrix(n, k, rng, true));
+  const auto* hw = reinterpret_cast<const PackedMatrixHeader*>(blob.get());
+  const int64_t nb = h.np / 16, cols = h.np;
+  for (int64_t m : {1, 2, 5, 13, 70}) {
+    std::vector<float> a(size_t(m * k));
+    for (auto& v : a) v = float(rng.gauss());
+    const ActQ aq = quantize_acts(a, m, k, h.kp, h.group);
+    std::vector<float> want(size_t(m * cols));
+    isas[0].k->gemm_int8(hw, aq.view(), m, 0, nb, want.data(), cols);
+    for (size_t i = 1; i < isas.size(); ++i) {
+      if (!isas[i].usable) continue;
+      std::vector<float> got(size_t(m * cols), -1.f);
+      isas[i].k->gemm_int8(hw, aq.view(), m, 0, nb, got.data(), cols);
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0,
+            strf("gemm_int8 [%s] %s n=%lld k=%lld g=%d M=%lld: the bits of generic's", isas[i].k->name,
+                 role_name(role), (long long)n, (long long)k, h.group, (long long)m));
+    }
+  }
 }
 
 }  // namespace ktmoe_test

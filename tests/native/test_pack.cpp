@@ -18,17 +18,18 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
                                 (long long)n, (long long)k, (long long)group);
   const PackedMatrixHeader h = packed_matrix_header(f, role, n, k, group);
   // header fields, computed independently
-  const int64_t g = f == WeightFormat::kINT4 ? (group ? group : 32) : 0;
-  const int64_t kp = f == WeightFormat::kINT4 ? round_up(k, std::max<int64_t>(g, 32)) : round_up(k, 32);
+  const int64_t g = f == WeightFormat::kINT4 ? (group ? group : 32)
+                  : f == WeightFormat::kINT8 ? (group ? group : round_up(k, 32)) : 0;  // int8 0: per row
+  const int64_t kp = g ? round_up(k, std::max<int64_t>(g, 32)) : round_up(k, 32);
   const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, 16) : round_up(n, 16);
   const int64_t per_k = f == WeightFormat::kBF16 ? 32 : f == WeightFormat::kINT8 ? 16 : 8;
   const int64_t data_end = 64 + (np / 16) * kp * per_k;
-  const int64_t scale_bytes = f == WeightFormat::kINT8 ? np * 4 : f == WeightFormat::kINT4 ? (np / 16) * (kp / g) * 32 : 0;
+  const int64_t scale_bytes = f == WeightFormat::kINT8 ? np * (kp / g) * 4 : f == WeightFormat::kINT4 ? (np / 16) * (kp / g) * 32 : 0;
   bool pad_zero = h.reserved == 0;
   for (uint8_t b : h.pad) pad_zero = pad_zero && b == 0;
   CHECK(h.magic == kPackedMagic && h.version == kPackedVersion && h.format == uint8_t(f) &&
             h.role == uint8_t(role) && h.n == n && h.k == k && h.np == np && h.kp == kp &&
-            h.kp % 32 == 0 && h.group == (f == WeightFormat::kINT8 ? kp : g) &&
+            h.kp % 32 == 0 && h.group == g &&
             h.data_offset == 64 && h.scale_offset == (scale_bytes ? round_up(data_end, 64) : 0) &&
             h.total_bytes == round_up(data_end, 64) + round_up(scale_bytes, 64) &&
             h.total_bytes % 64 == 0 && pad_zero,
@@ -53,19 +54,22 @@ void test_pack(WeightFormat f, MatrixRole role, int64_t n, int64_t k, int64_t gr
       } else if (f == WeightFormat::kINT8) {
         if (pad) bad_pad += D.wi[e] != 0;  // padded weight 0 <=> u = 128
         else {
-          const double t = D.s[pr] > 0 ? w[size_t(r * k + c)] / D.s[pr] : 0.0;
+          const float sc = D.d[size_t(pr * D.ng + c / D.g)];
+          const double t = sc > 0 ? w[size_t(r * k + c)] / sc : 0.0;
           bad_val += D.wi[e] < -127 || std::fabs(D.wi[e] - t) > 0.5 + 1e-4;
         }
       } else {
         if (pad) bad_pad += D.wi[e] != 0;
       }
     }
-    if (f == WeightFormat::kINT8) {
-      float amax = 0;
-      if (r >= 0)
-        for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
-      bad_val += f32_bits(D.s[pr]) != f32_bits(amax / 127.f);
-    }
+    if (f == WeightFormat::kINT8)
+      for (int64_t G = 0; G < D.ng; ++G) {  // s = max|w| / 127 over the group's valid columns (0: padding)
+        float amax = 0;
+        if (r >= 0)
+          for (int64_t c = G * D.g; c < std::min(k, (G + 1) * D.g); ++c)
+            amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
+        bad_val += f32_bits(D.d[size_t(pr * D.ng + G)]) != f32_bits(amax / 127.f);
+      }
     if (f == WeightFormat::kINT4)
       for (int64_t G = 0; G < D.ng; ++G) {
         const int64_t c0 = G * D.g, len = std::min(k, c0 + D.g) - c0;

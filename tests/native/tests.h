@@ -20,6 +20,9 @@ void test_int4_codebook();
 // test_gemm.cpp: the gemm micro-kernels of one ISA table, one format and shape.
 void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n, int64_t k,
                int64_t group, Rng& rng);
+// test_gemm.cpp: gemm_int8 of every usable ISA equals generic's, bit for bit (isas[0] is generic).
+void test_int8_isas_agree(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group,
+                          Rng& rng);
 
 // test_activations.cpp: silu_mul, gpt-oss's clamped SwiGLU and quantize_rows.
 void test_silu(const IsaKernels& isa, Rng& rng);

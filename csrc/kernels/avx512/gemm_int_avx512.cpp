@@ -1,5 +1,6 @@
 // [NOTE] avx512 gemm_int8 / gemm_int4 over int8 activations (QuantizedRows):
-//   kINT8: c[m, j] = sx[m] * s[n] * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT8, one group: c[m, j] = (sx[m] * s[n]) * (Σ_k u·xq − 128·Σ_k xq)
+//   kINT8, groups:    c[m, j] = sx[m] * Σ_G s[n,G]·( Σ_{k∈G} u·xq − 128·Σ_{k∈G} xq )  (fma per G)
 //   kINT4: c[m, j] = sx[m] * Σ_G d[n,G]·( Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq )
 // with n = 16b + j (packed_format.h).
 //
@@ -12,8 +13,8 @@
 //          (shift 4, and 0x0F) quad 2j+1, each looked up in the codebook's u
 //          table (vpshufb), two vpdpbusd per row.
 // The integer sums are exact (so their order is free); the float epilogue runs
-// once per int8 matrix and once per int4 group (subtract 64·Σxq, convert, fma d into
-// an fp32 accumulator) in the same order for every column, so the bits do not
+// once per per-channel int8 matrix and once per group otherwise (subtract 128·Σxq or
+// 64·Σxq, convert, fma s or d into an fp32 accumulator) in the same order for every column, so the bits do not
 // depend on the tile, the k-chunking or the (b0, b1) split. int32 is exact:
 // vpdpbusd wraps mod 2^32 and the int8 result Σ (u − 128)·xq has |.| <= 127²·kp,
 // which fits for kp < 130000 (int4 group sums are far smaller).
@@ -51,7 +52,7 @@ struct IntCtx {
 struct Int8Fmt {
   static constexpr WeightFormat kFormat = WeightFormat::kINT8;
   static constexpr int kKPerStep = 4;
-  static constexpr bool kOneGroup = true;  // group = kp: one epilogue
+  static constexpr bool kRowEpilogue = true;  // group = kp (per channel): finish() once per matrix
   static constexpr bool kOneBlockDecode = false;  // measured: one block per tile is no faster
   static constexpr int kMaxRows[5] = {0, 12, 12, 0, 6};
   template <int MR, int NB>
@@ -85,12 +86,28 @@ struct Int8Fmt {
           acc[0][i][j] = _mm512_add_epi32(acc[0][i][j], acc[t][i][j]);
   }
 
-  // y = (sx * s[n]) * float(Σ u·xq − 128·Σ xq)
+  // One group: y = (sx * s[n]) * float(Σ u·xq − 128·Σ xq)
   static inline __m512 finish(__m512i acc, float sx, int32_t gsum, const IntCtx& x,
                               int64_t block) {
     const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(x.scales) + block * 16);
     const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(gsum * 128)));
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), s), dot);
+  }
+
+  // Groups: facc = fma(s[n,g], float(Σ u·xq − 128·Σ xq), facc)
+  template <int MR, int NB>
+  static inline void group_end(__m512 (&facc)[MR][NB], const __m512i (&acc)[MR][NB],
+                               const IntCtx& x, const int32_t* gsum, int64_t gsum_ld,
+                               int64_t b, int64_t g) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(x.scales) + ((b + j) * x.ngroups + g) * 16);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512i off = _mm512_set1_epi32(128 * gsum[i * gsum_ld + g]);
+        facc[i][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], off)), facc[i][j]);
+      }
+    }
   }
 };
 
@@ -106,7 +123,7 @@ constexpr int64_t kInt4PfSteps = 32;
 struct Int4Fmt {
   static constexpr WeightFormat kFormat = WeightFormat::kINT4;
   static constexpr int kKPerStep = 8;
-  static constexpr bool kOneGroup = false;
+  static constexpr bool kRowEpilogue = false;
   static constexpr bool kOneBlockDecode = true;  // see kInt4PfSteps
   static constexpr int kMaxRows[5] = {0, 12, 6, 0, 3};
   template <int MR, int NB>
@@ -206,7 +223,7 @@ struct IntGemm {
     float* c = x.c + m0 * x.ldc + (b - x.b0) * 16;
     const bool last = s1 == x.nsteps;
 
-    if constexpr (F::kOneGroup) {
+    if (F::kRowEpilogue && x.ngroups == 1) {  // the per-row epilogue (int8 per channel)
       __m512i acc[S][MR][NB];
       zero(acc);
       if (s0 > 0) {
@@ -221,11 +238,13 @@ struct IntGemm {
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
           float* cij = c + i * x.ldc + j * 16;
-          if (last)
-            _mm512_storeu_ps(cij, F::finish(acc[0][i][j], x.a.scale[m0 + i], gsum[i * x.a.gsum_ld],
-                                            x, b + j));
-          else
-            _mm512_storeu_si512(cij, acc[0][i][j]);
+          if constexpr (F::kRowEpilogue) {
+            if (last)
+              _mm512_storeu_ps(cij, F::finish(acc[0][i][j], x.a.scale[m0 + i], gsum[i * x.a.gsum_ld],
+                                              x, b + j));
+            else
+              _mm512_storeu_si512(cij, acc[0][i][j]);
+          }
         }
       }
     } else {
@@ -258,7 +277,7 @@ template <class F>
 void gemm_int(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
               int64_t b1, float* c, int64_t ldc) {
   const int64_t kp = w->kp;
-  const int64_t group = F::kOneGroup ? kp : w->group;
+  const int64_t group = w->group;  // kINT8 per channel: kp
   const IntCtx ctx{packed_data(w), block_data_bytes(F::kFormat, kp), packed_scales(w), kp / group,
                    group / F::kKPerStep, kp / F::kKPerStep, a, b0, c, ldc};
   run_tiles<IntGemm<F>>(ctx, reinterpret_cast<const uint8_t*>(a.q), a.ldq, m, b0, b1);

@@ -2,7 +2,9 @@
 // activation rows (portable C++17, the oracle).
 //
 // For rows m < M and the output columns j of blocks [b0, b1) (n = 16*b0 + j):
-//   kINT8:  c[m][j] = (sx[m] * s[n]) * I,      I = Σ_k (u[n][k] - 128) · xq[m][k]
+//   kINT8, one group (g = kp):  c[m][j] = (sx[m] * s[n]) * I,   I = Σ_k (u[n][k] - 128) · xq[m][k]
+//   kINT8, groups:  acc = fma(s[n,G], I_G, acc) over G in order, c[m][j] = sx[m] * acc,
+//           I_G = Σ_{k in G} (u[n][k] - 128) · xq[m][k]   (std::fma: the bits of every ISA's fma)
 //   kINT4:  c[m][j] = sx[m] * Σ_G d[n,G] · I_G,
 //           I_G = Σ_{k in G} L[q[n][k]] · xq[m][k],  groups G in increasing order
 //           (L = kInt4Levels; I_G equals the format's Σ u·xq − 64·gsum exactly).
@@ -19,6 +21,7 @@
 // epilogue (written above, left to right) rounds. Any (b0, b1) split or thread
 // gives the same bits.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/generic/bf16_scalar.h"
@@ -70,34 +73,42 @@ void panel_idot(const float* panel, const float* xf, int64_t kc, int32_t* iacc) 
 
 }  // namespace
 
-// w: kINT8 [np/16][kp/4][16][4] u8 + fp32 s[np]; a: int8 rows [m, ldq] + scale[m];
+// w: kINT8 [np/16][kp/4][16][4] u8 + per (block, group) 16 fp32 s; a: int8 rows [m, ldq] + scale[m];
 // c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  const int64_t kp = w->kp;
+  const int64_t kp = w->kp, g = w->group, ngroups = kp / g;
   const uint8_t* data = packed_data(w);
   const float* s = reinterpret_cast<const float*>(packed_scales(w));
   alignas(64) float panel[kPanelK * kBlockN];
   alignas(64) float xf[kPanelK];
   alignas(64) int32_t iacc[kRowTile][kBlockN];
+  alignas(64) float acc[kRowTile][kBlockN];
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT8, kp);
     for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
       const int64_t mt = std::min(kRowTile, m - r0);
-      for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
-      for (int64_t k0 = 0; k0 < kp; k0 += kPanelK) {
-        const int64_t kc = std::min(kPanelK, kp - k0);
-        decode_int8_panel(block + (k0 / 4) * 64, kc, panel);
-        for (int64_t r = 0; r < mt; ++r) {
-          widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
-          panel_idot(panel, xf, kc, iacc[r]);
+      for (int64_t r = 0; r < mt; ++r) std::fill(acc[r], acc[r] + kBlockN, 0.f);
+      for (int64_t G = 0; G < ngroups; ++G) {
+        for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
+        for (int64_t k0 = G * g; k0 < (G + 1) * g; k0 += kPanelK) {
+          const int64_t kc = std::min(kPanelK, (G + 1) * g - k0);
+          decode_int8_panel(block + (k0 / 4) * 64, kc, panel);
+          for (int64_t r = 0; r < mt; ++r) {
+            widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
+            panel_idot(panel, xf, kc, iacc[r]);
+          }
         }
+        if (ngroups == 1) break;  // iacc is the whole row: the per-row epilogue below
+        const float* sg = s + (b * ngroups + G) * kBlockN;
+        for (int64_t r = 0; r < mt; ++r)
+          for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] = std::fma(sg[j], static_cast<float>(iacc[r][j]), acc[r][j]);
       }
       for (int64_t r = 0; r < mt; ++r) {
         float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
         const float sx = a.scale[r0 + r];
         for (int64_t j = 0; j < kBlockN; ++j)
-          cr[j] = (sx * s[b * kBlockN + j]) * static_cast<float>(iacc[r][j]);
+          cr[j] = ngroups == 1 ? (sx * s[b * kBlockN + j]) * static_cast<float>(iacc[r][j]) : sx * acc[r][j];
       }
     }
   }
