@@ -70,7 +70,7 @@ def test_mistyped_local_directory_is_not_a_hub_id(tmp_path, capsys, no_load, mon
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("fmt,group", [("int4", 48), ("int4", -32), ("bf16", 64), ("int8", 32)])
+@pytest.mark.parametrize("fmt,group", [("int4", 48), ("int4", -32), ("bf16", 64), ("int8", 40)])
 def test_group_size_checked_before_loading(checkpoint, tmp_path, capsys, no_load, fmt, group):
     rc = main(["pack", str(checkpoint), str(tmp_path / "out"), "--format", fmt, "--group-size", str(group)])
     one_line_refusal(rc, capsys.readouterr().err, "--group-size")
@@ -197,3 +197,7 @@ def test_inspect_never_tracebacks(checkpoint, tmp_path, capsys, what):
         assert rc == 0 and "packed model directory: 2 experts layers" in out and "2 files, 2 valid" in out, out
     else:
         assert rc == 2 and err.startswith("inspect: ") and len(err.splitlines()) == 1, err
+
+
+def test_int8_takes_a_group_size(checkpoint, tmp_path):
+    cli_pack.check(str(checkpoint), str(tmp_path / "out"), "int8", 32)  # a scale per (row, 32 inputs): accepted

@@ -98,8 +98,9 @@ def check(checkpoint: str, directory: str, weight_format: str, group_size: int) 
 
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise PackRefused(f"{directory!r} exists and is not a directory")
-    if group_size and (FORMAT_TRAITS[weight_format]["group"] != "chosen" or group_size < 0 or group_size % 32):
-        grouped = [n for n, r in FORMAT_TRAITS.items() if r["group"] == "chosen"]
+    takes_group = ("chosen", "row")  # "row": one scale per row unless a group is asked for (int8)
+    if group_size and (FORMAT_TRAITS[weight_format]["group"] not in takes_group or group_size < 0 or group_size % 32):
+        grouped = [n for n, r in FORMAT_TRAITS.items() if r["group"] in takes_group]
         raise PackRefused(f"--group-size {group_size}: must be a positive multiple of 32, for a grouped format "
                           f"({', '.join(grouped)}), not {weight_format}")
     if os.path.lexists(checkpoint):
