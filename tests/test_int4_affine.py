@@ -100,11 +100,11 @@ def test_dense_packing_is_the_reference_quantizer_with_zero_points():
     assert torch.equal(got_gu[:, :40], want) and torch.equal(got_gu[:, 40:], want)
     assert torch.equal(got_dn, reference.quantize_int4_affine(down, 64))
     assert torch.equal(want[1, 1], torch.zeros(200))
-    # every weight within half a step s = (max(w, 0) - min(w, 0)) / 15 of its group
+    # every weight within half a step s = (max(w, 0) - min(w, 0)) / 15 of its group (+6 %: s is rounded to bf16)
     g = torch.nn.functional.pad(w, (0, 56)).reshape(3, 40, 4, 64)
     step = (g.amax(-1).clamp(min=0) - g.amin(-1).clamp(max=0)) / 15
     err = (torch.nn.functional.pad(want - w, (0, 56)).reshape(3, 40, 4, 64).abs().amax(-1))
-    assert (err <= step * 0.50001).all()
+    assert (err <= step * 0.56).all()
 
 
 def _one_expert():

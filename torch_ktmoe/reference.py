@@ -144,14 +144,14 @@ def quantize_fp8(w, group=128):
 def quantize_int4_affine(w, group=128):
     """GPTQ-style min/max int4 with a scale and a zero point per (row, group of ``group`` inputs)
     of w [..., n, k], dequantized (fp32): over the group's valid columns lo = min(w, 0),
-    hi = max(w, 0), s = (hi - lo) / 15, z = clamp(round(-lo / s), 0, 15),
+    hi = max(w, 0), s = bf16((hi - lo) / 15), z = clamp(round(-lo / s), 0, 15),
     q = clamp(round(w / s) + z, 0, 15) (round half to even), value s * q + (-(s * z)); 0 where s = 0."""
     w = w.float()
     *lead, n, k = w.shape
     pad = (-k) % group
     g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)  # padding 0 moves neither lo nor hi
     lo, hi = g.amin(-1, keepdim=True).clamp(max=0), g.amax(-1, keepdim=True).clamp(min=0)
-    s = (hi - lo) / 15
+    s = _bf16((hi - lo) / 15)
     ok = s > 0
     sd = torch.where(ok, s, 1)
     z = torch.where(ok, torch.round(-lo / sd).clamp(0, 15), 0)

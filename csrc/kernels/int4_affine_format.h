@@ -29,8 +29,9 @@
 //
 // Kernels decode a nibble to the bf16 of q (a 32-entry word table, bf16(i % 16)), exact.
 // From dense weights (pack.cpp), per (row, group) of valid values v, GPTQ's min/max:
-//   lo = min(v, 0), hi = max(v, 0), s = (hi - lo) / 15 (fp32), z = clamp(round(-lo / s), 0, 15),
-//   q = clamp(round(v / s) + z, 0, 15) (rounding half to even); hi == lo: s = 0, q = z = 0.
+//   lo = min(v, 0), hi = max(v, 0), s = bf16((hi - lo) / 15), z = clamp(round(-lo / s), 0, 15),
+//   q = clamp(round(v / s) + z, 0, 15) (rounding half to even); s = 0: q = z = 0. The bf16 s
+//   (compressed-tensors' own) keeps s * (q - z) exact, so repacking unpacked weights is the identity.
 #pragma once
 #include <cstdint>
 

@@ -27,8 +27,9 @@
 //          Padded columns, groups and rows hold byte 0 and s = 0. (FP8 checkpoints keep
 //          their own bytes and scales: pack_fp8.h.)
 //   kINT4A per (row, group) of valid values v, GPTQ's min/max: lo = min(v, 0), hi = max(v, 0),
-//          s = (hi - lo) / 15 (fp32), z = clamp(round(-lo / s), 0, 15), q = clamp(round(v / s) + z,
-//          0, 15), rounding half to even; s = 0 (hi == lo): q = z = 0. Written by int4a_store_row
+//          s = bf16((hi - lo) / 15) (as compressed-tensors stores it: then s * (q - z) is exact, and
+//          packing the unpacked weights again gives the same bytes), z = clamp(round(-lo / s), 0, 15),
+//          q = clamp(round(v / s) + z, 0, 15), rounding half to even; s = 0: q = z = 0. Written by int4a_store_row
 //          (pack_int4_affine.h; int4 checkpoints keep their own codes, scales and zeros there).
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
@@ -213,7 +214,7 @@ void pack_row_int4_affine(const PackedMatrixHeader& h, int64_t pr, const float* 
     const int64_t c0 = g * h.group, c1 = std::min<int64_t>(h.k, c0 + h.group);
     float lo = 0.f, hi = 0.f;
     for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, w[c]), hi = std::max(hi, w[c]);
-    s[g] = (hi - lo) / 15.f;
+    s[g] = round_to_bf16((hi - lo) / 15.f);  // a bf16 s: s * (q - z) is exact in fp32, so repacking is the identity
     z[g] = 0;
     if (!(s[g] > 0.f)) {
       s[g] = 0.f;

@@ -154,7 +154,7 @@ void test_int4a_dense_pack(MatrixRole role, int64_t n, int64_t k, int64_t group,
       const int64_t c0 = g * group, c1 = std::min(k, c0 + group);
       float lo = 0.f, hi = 0.f;
       for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, w[size_t(r * k + c)]), hi = std::max(hi, w[size_t(r * k + c)]);
-      const float s = (hi - lo) / 15.f;
+      const float s = ref_bf16_value((hi - lo) / 15.f);
       if (!(s > 0.f)) continue;
       const float z = std::min(15.f, std::max(0.f, std::nearbyint(-lo / s)));
       d.s[size_t(r * ng + g)] = s, d.z[size_t(r * ng + g)] = uint8_t(z);
@@ -163,19 +163,19 @@ void test_int4a_dense_pack(MatrixRole role, int64_t n, int64_t k, int64_t group,
     }
   int64_t bad = 0;
   const bool ok = blob_holds(h, a, a, dense_rows(role, h), d, &bad);
-  double err = 0;  // every weight within s/2 of its value (the grid spans the group's [lo, hi])
+  double err = 0;  // every weight within s/2 (+ 15 s 2^-8: s is rounded to bf16) of its value
   const Int4Decoded D = decode(a.get());
   for (int64_t r = 0; r < n; ++r) {
     const int64_t pr = ref_packed_row(role, n, r);
     for (int64_t c = 0; c < k; ++c) {
       const int64_t gi = pr * ng + c / group;
       const double v = double(D.s[size_t(gi)]) * (double(D.q[size_t(pr * h.kp + c)]) - D.z[size_t(gi)]);
-      err = std::max(err, std::fabs(v - w[size_t(r * k + c)]) - 0.500002 * D.s[size_t(gi)]);
+      err = std::max(err, std::fabs(v - w[size_t(r * k + c)]) - 0.56 * D.s[size_t(gi)]);
     }
   }
   CHECK(ok && err <= 0 && d.z[0] == 0 && d.s[size_t(ng)] == 0.f,
-        strf("int4_affine dense pack %s n=%lld k=%lld group=%lld: GPTQ min/max codes, s, z; every weight within "
-             "s/2 (bad %lld, worst excess %.3g)",
+        strf("int4_affine dense pack %s n=%lld k=%lld group=%lld: GPTQ min/max codes, bf16 s, z; every weight within "
+             "0.56 s (bad %lld, worst excess %.3g)",
              role_name(role), (long long)n, (long long)k, (long long)group, (long long)bad, err));
 }
 
