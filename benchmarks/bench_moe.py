@@ -88,7 +88,8 @@ def bench_shape(name, args, llama_ok, results):
     for fmt in args.formats:
         w13, w2 = ops.pack_experts(gate_up, down, fmt)
         per_expert = w13.shape[1] + w2.shape[1]
-        llama = llama_peer.GgmlMoeLayer(fmt, experts, top_k, hidden, inter) if llama_ok else None
+        peer_type = llama_ok and fmt in llama_peer.GGML_TYPE  # fp8, int4_affine: no llama.cpp counterpart here
+        llama = llama_peer.GgmlMoeLayer(fmt, experts, top_k, hidden, inter) if peer_type else None
         try:
             for t in args.tokens:
                 x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)

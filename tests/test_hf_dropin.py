@@ -168,7 +168,10 @@ def test_save_pretrained_quantized_writes_dequantized_with_warning(fmt, tmp_path
     dense_out = logits(reloaded)  # unpatched: dense fp32 experts = the dequantized values
     assert_close_logits(logits(model), dense_out)
     hf.patch_model(reloaded, weight_format=fmt)  # repacking dequantized values gives the same packed experts
-    assert torch.equal(logits(reloaded), logits(model))
+    if fmt == "int4_affine":  # min/max rounding: a group whose top weight took code 14 repacks with another s
+        assert_close_logits(logits(reloaded), logits(model))
+    else:
+        assert torch.equal(logits(reloaded), logits(model))
 
 
 # ---------------------------------------------------------------------------------------------- backward

@@ -27,6 +27,7 @@ std::string missing_entries(const IsaKernels& k) {
   add(k.gemm_int8, "gemm_int8");
   add(k.gemm_int4, "gemm_int4");
   add(k.gemm_fp8, "gemm_fp8");
+  add(k.gemm_int4_affine, "gemm_int4_affine");
   add(k.silu_mul, "silu_mul");
   add(k.swiglu_oai, "swiglu_oai");
   add(k.quantize_rows, "quantize_rows");
