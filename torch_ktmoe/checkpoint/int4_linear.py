@@ -130,6 +130,11 @@ class Int4Linear:
         """The same linear with its inputs reordered by ``perm`` (its own :meth:`act_order_permutation`)."""
         return Int4Linear(self.key, self.codes[:, perm].contiguous(), self.scale, self.zero, self.group)
 
+    def permuted_rows(self, perm: torch.Tensor) -> "Int4Linear":
+        """The same linear with its outputs reordered by ``perm`` (row perm[j] goes to j)."""
+        zero = None if self.zero is None else self.zero[perm]
+        return Int4Linear(self.key, self.codes[perm], self.scale[perm], zero, self.group, self.g_idx)
+
     def grouped(self, group: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(codes [n, k], scale fp32 [n, ceil(k/group)], zero int32 [n, ceil(k/group)] or None) for groups of
         ``group`` consecutive inputs, each inside one of the checkpoint's groups (``g_idx`` must be trivial)."""
@@ -216,9 +221,7 @@ class Int4Experts:
         perm = down.act_order_permutation()
         if perm is None:
             return [gate, up, down]
-        rows = lambda lin: Int4Linear(lin.key, lin.codes[perm], lin.scale[perm], None if lin.zero is None  # noqa: E731
-                                      else lin.zero[perm], lin.group)
-        return [rows(gate), rows(up), down.permuted_inputs(perm)]
+        return [gate.permuted_rows(perm), up.permuted_rows(perm), down.permuted_inputs(perm)]
 
     def int4_experts(self, ids: Iterable[int], group: Optional[int] = None) -> Iterator[tuple]:
         """Per id, ``(gate_up_codes [2I, H], down_codes [H, I])`` uint8 (0..15), ``(gate_up_scale

@@ -166,11 +166,11 @@ class _EmptyExpertsSwap:
         for k in list(unexpected):
             if any(k.startswith(p) for p in prefixes):
                 unexpected.discard(k)
+            elif is_scale_key(k):  # an FP8 weight's, or a compressed-tensors int4 one's (skipped by fp8_dense)
+                self.fp8_scales.append(k)
+                unexpected.discard(k)
             elif is_int4_key(k):
                 self.int4_keys.append(k)
-                unexpected.discard(k)
-            elif is_scale_key(k):
-                self.fp8_scales.append(k)
                 unexpected.discard(k)
         missing = getattr(info, "missing_keys", None)
         if missing:
