@@ -4,8 +4,8 @@
 // weight_formats() -> [dict], one per row of kernels/weight_formats.h, in id order:
 //   name, id, code_bits, k_run, bits_per_weight, group ("none" | "row" | "chosen"),
 //   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group" |
-//   "f32_per_block_group"), scale_bytes, activations ("bf16" | "int8"), gemm (the
-//   IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3"), code_offset,
+//   "f32_per_block_group" | "f32_u8_zero_per_block_group"), scale_bytes, activations ("bf16" | "int8"),
+//   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine"), code_offset,
 //   codebook (list of ints),
 //   accuracy_bound.
 // Module attributes: packed_magic, packed_layout_version (the header's magic and
@@ -26,13 +26,14 @@ namespace {
 
 // Python's names of the enums' values, indexed by value.
 constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
-constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group", "f32_per_block_group"};
+constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group", "f32_per_block_group",
+                                        "f32_u8_zero_per_block_group"};
 constexpr const char* kActivationRows[] = {"bf16", "int8"};
-constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3"};
+constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3", "affine"};
 static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
-                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kF32PerBlockGroup) + 1 &&
+                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kF32U8ZeroPerBlockGroup) + 1 &&
                   std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
-                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kE4m3) + 1,
+                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kAffine) + 1,
               "a name for every value of the traits' enums");
 
 py::dict row_dict(const ktmoe::WeightFormatTraits& r) {

@@ -23,6 +23,13 @@ TORCH_LIBRARY(ktmoe, m) {
         "Tensor down_scale, int group_size) -> (Tensor, Tensor)");
   m.def("pack_fp8_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
         "Tensor down_scale, int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
+  // An int4 checkpoint's codes (uint8 0..15) + scales per (row, k-group) + optional zero points (None: 8)
+  // -> packed int4_affine (w13, w2), exact; and _out.
+  m.def("pack_int4_affine_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
+        "Tensor down_scale, Tensor? gate_up_zero, Tensor? up_zero, Tensor? down_zero, int group_size) -> (Tensor, Tensor)");
+  m.def("pack_int4_affine_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, "
+        "Tensor? up_scale, Tensor down_scale, Tensor? gate_up_zero, Tensor? up_zero, Tensor? down_zero, "
+        "int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
@@ -31,4 +38,6 @@ TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("pack_experts_out", &ktmoe::pack_experts_out);
   m.impl("pack_fp8_experts", &ktmoe::pack_fp8_experts);
   m.impl("pack_fp8_experts_out", &ktmoe::pack_fp8_experts_out);
+  m.impl("pack_int4_affine_experts", &ktmoe::pack_int4_affine_experts);
+  m.impl("pack_int4_affine_experts_out", &ktmoe::pack_int4_affine_experts_out);
 }

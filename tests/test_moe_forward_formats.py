@@ -16,7 +16,7 @@ def test_rows_are_the_formats_everyone_lists():
     names = [row["name"] for row in ROWS]
     assert [row["id"] for row in ROWS] == list(range(len(ROWS)))
     assert tuple(names) == ops.WEIGHT_FORMATS == tuple(FORMAT_TOLERANCE)
-    assert len(set(names)) == len(names) and all(0 < len(n) < 8 for n in names)  # the cache key's char[8]
+    assert len(set(names)) == len(names) and all(0 < len(n) < 16 for n in names)  # the cache key's char[16]
     for row in ROWS:
         assert (row["scales"] == "none") == (row["scale_bytes"] == 0)
         assert (row["codes"] == "codebook") == (len(row["codebook"]) == 1 << row["code_bits"])

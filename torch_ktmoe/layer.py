@@ -14,6 +14,8 @@ from .paths import utf8_path
 
 WARM_MODES = ("none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
+# The formats a quantized checkpoint's experts are packed into exactly (codes + scales [+ zero points]).
+_EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts}
 
 
 class KTMoE(nn.Module):
@@ -22,7 +24,7 @@ class KTMoE(nn.Module):
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape
             (E, k, H, I).
-        weight_format: ``"bf16"``, ``"int8"``, ``"int4"`` or ``"fp8"`` (see docs/formats.md).
+        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"`` or ``"int4_affine"`` (see docs/formats.md).
         mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
             directory keeps them in ``MAP_SHARED`` files under it, one per
             (layer, NUMA part), named from ``layer_idx``: clean page cache that the
@@ -34,8 +36,8 @@ class KTMoE(nn.Module):
             many parts, one arena per part, first-touched on NUMA node
             ``part % nodes``; partial outputs are summed in fp32. Default: the
             host's NUMA node count.
-        group_size: int4 / fp8 group size along the input dimension (default 32 / 128); FP8
-            checkpoints with NUMA parts: each part must start at a multiple of it.
+        group_size: int4 / fp8 / int4_affine group size along the input dimension (default 32 / 128 /
+            128); quantized checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
         warm: ``"none"`` (default), ``"blocking"`` or ``"background"``: after
             loading, prefault the layer's files (see :meth:`warm`) and return
@@ -154,12 +156,16 @@ class KTMoE(nn.Module):
     def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
                      fingerprint: Optional[str] = None, gate_up_bias: Optional[torch.Tensor] = None,
                      down_bias: Optional[torch.Tensor] = None, gate_up_scale: Optional[torch.Tensor] = None,
-                     down_scale: Optional[torch.Tensor] = None) -> None:
+                     down_scale: Optional[torch.Tensor] = None, gate_up_zero: Optional[torch.Tensor] = None,
+                     down_zero: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
-        FP8 checkpoints (``weight_format="fp8"``): float8_e4m3fn weights, fp32 scales per (row, group
-        of g inputs) ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]
-        (:func:`torch_ktmoe.checkpoint.group_scales`), packed exactly.
+        Quantized checkpoints, packed exactly ("exact codes + scales", one per (row, group of g
+        inputs): ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]):
+        ``weight_format="fp8"``: float8_e4m3fn weights, fp32 scales
+        (:func:`torch_ktmoe.checkpoint.group_scales`); ``weight_format="int4_affine"``: uint8 codes
+        0..15, fp32 / bf16 / fp16 scales and, optionally, integer zero points 0..16 of the scales'
+        shapes ``gate_up_zero`` / ``down_zero`` (``w = s * (q - z)``; None: ``z = 8``).
 
         ``fingerprint`` names the source of the weights for the cache (e.g.
         :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
@@ -168,9 +174,10 @@ class KTMoE(nn.Module):
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
-        scales = self._fp8_scales(gate_up_scale, down_scale)
-        fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj, *(scales or ()))
-        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint, scales)
+        exact = self._exact_companions(gate_up_scale, down_scale, gate_up_zero, down_zero)
+        companions = [t for t in (gate_up_scale, down_scale, gate_up_zero, down_zero) if t is not None]
+        fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj, *companions)
+        self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint, exact)
         if gate_up_bias is not None or down_bias is not None:
             self.set_biases(gate_up_bias, down_bias)
 
@@ -201,9 +208,11 @@ class KTMoE(nn.Module):
 
     def load_expert(self, expert: int, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
                     fingerprint: Optional[str] = None, gate_up_scale: Optional[torch.Tensor] = None,
-                    down_scale: Optional[torch.Tensor] = None) -> None:
-        """Give one expert (gate_up [2I, H], down [H, I]; FP8: with its scales, as :meth:`load_weights`
-        takes them without the expert dimension); the layer is packed when all E are in.
+                    down_scale: Optional[torch.Tensor] = None, gate_up_zero: Optional[torch.Tensor] = None,
+                    down_zero: Optional[torch.Tensor] = None) -> None:
+        """Give one expert (gate_up [2I, H], down [H, I]; fp8 / int4_affine codes: with their scales and
+        zero points, as :meth:`load_weights` takes them without the expert dimension); the layer is
+        packed when all E are in.
 
         Holds at most one layer's dense experts, so a checkpoint can be streamed
         expert by expert. ``fingerprint`` (read from the call that completes the
@@ -213,7 +222,8 @@ class KTMoE(nn.Module):
             raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
         self._check_shape("gate_up_proj", gate_up_proj, (2 * self.intermediate_size, self.hidden_size))
         self._check_shape("down_proj", down_proj, (self.hidden_size, self.intermediate_size))
-        given = {"gate_up": gate_up_proj, "down": down_proj, "gate_up_scale": gate_up_scale, "down_scale": down_scale}
+        given = {"gate_up": gate_up_proj, "down": down_proj, "gate_up_scale": gate_up_scale, "down_scale": down_scale,
+                 "gate_up_zero": gate_up_zero, "down_zero": down_zero}
         given = {k: t for k, t in given.items() if t is not None}
         if not self._pending:  # one layer, filled in place (no stacking copy)
             self._pending = {k: t.new_empty((self.num_experts, *t.shape)) for k, t in given.items()}
@@ -227,7 +237,8 @@ class KTMoE(nn.Module):
         if len(self._pending["have"]) == self.num_experts:
             pending, self._pending = self._pending, {}
             self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint,
-                              gate_up_scale=pending.get("gate_up_scale"), down_scale=pending.get("down_scale"))
+                              **{k: pending.get(k) for k in ("gate_up_scale", "down_scale", "gate_up_zero",
+                                                             "down_zero")})
 
     def try_load_cached(self, fingerprint: str) -> bool:
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.
@@ -264,22 +275,62 @@ class KTMoE(nn.Module):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
 
-    def _fp8_scales(self, gate_up_scale, down_scale):
-        """(gate scale, up scale, down scale) of an FP8 checkpoint's experts, or None without scales."""
-        if gate_up_scale is None and down_scale is None:
+    def _exact_companions(self, gate_up_scale, down_scale, gate_up_zero, down_zero):
+        """The scales (and int4_affine's zero points) of a quantized checkpoint's experts, split as
+        gate / up / down: {"gate_scale", "up_scale", "down_scale"[, "gate_zero", "up_zero", "down_zero"]},
+        or None for dense experts."""
+        if all(t is None for t in (gate_up_scale, down_scale, gate_up_zero, down_zero)):
             return None
-        if self.weight_format != "fp8" or gate_up_scale is None or down_scale is None:
-            raise ValueError(f"KTMoE(layer {self.layer_idx}): gate_up_scale and down_scale (both) come with "
-                             f"float8_e4m3fn experts and weight_format='fp8', not {self.weight_format!r}")
-        E, H, inter, g = self.num_experts, self.hidden_size, self.intermediate_size, self.group_size or 128
-        self._check_shape("gate_up_scale", gate_up_scale, (E, 2 * inter, -(-H // g)))
-        self._check_shape("down_scale", down_scale, (E, H, -(-inter // g)))
+        fmt, layer = self.weight_format, f"KTMoE(layer {self.layer_idx})"
+        if fmt not in _EXACT_PACKERS:
+            raise ValueError(f"{layer}: gate_up_scale and down_scale (both) come with float8_e4m3fn experts and "
+                             f"weight_format='fp8', not {fmt!r}, or with uint8 int4 codes and "
+                             f"weight_format='int4_affine'")
+        if gate_up_scale is None or down_scale is None:
+            raise ValueError(f"{layer}: {fmt} experts come with both gate_up_scale and down_scale")
+        if fmt != "int4_affine" and (gate_up_zero is not None or down_zero is not None):
+            raise ValueError(f"{layer}: zero points (gate_up_zero / down_zero) come with weight_format='int4_affine', "
+                             f"not {fmt!r}")
+        E, H, inter, g = self.num_experts, self.hidden_size, self.intermediate_size, self._group()
+        given = {"gate_up_scale": gate_up_scale, "down_scale": down_scale, "gate_up_zero": gate_up_zero,
+                 "down_zero": down_zero}
+        shapes = {"gate_up": (E, 2 * inter, -(-H // g)), "down": (E, H, -(-inter // g))}
+        parts = {}
+        for key, t in given.items():
+            name, kind = key.rsplit("_", 1)
+            if t is not None:
+                self._check_shape(key, t, shapes[name])
+            if name == "gate_up":
+                parts[f"gate_{kind}"], parts[f"up_{kind}"] = (None, None) if t is None else (t[:, :inter], t[:, inter:])
+            else:
+                parts[key] = t
         bad = [lo for lo in self._bounds[1:-1] if lo % g]
         if bad:
-            raise ValueError(f"KTMoE(layer {self.layer_idx}): NUMA part bounds {self._bounds} split a group of {g} "
-                             f"inputs of down's FP8 scales (at {bad}); choose numa_parts (e.g. 1) so that parts "
-                             f"start at multiples of {g}")
-        return gate_up_scale[:, :inter], gate_up_scale[:, inter:], down_scale
+            raise ValueError(f"{layer}: NUMA part bounds {self._bounds} split a group of {g} inputs of down's "
+                             f"{fmt} scales (at {bad}); choose numa_parts (e.g. 1) so that parts start at "
+                             f"multiples of {g}")
+        return parts
+
+    def _group(self) -> int:
+        return self.group_size or ops.FORMAT_TRAITS[self.weight_format]["default_group"]
+
+    def _pack_exact(self, arena, lo, hi, gate, up, down, exact):
+        """Part [lo, hi) of the intermediate dimension of a quantized checkpoint's experts, packed exactly."""
+        g = self._group()
+        glo, ghi = lo // g, -(-hi // g)
+
+        def rows(t):  # gate / up companions: rows [lo, hi); down's: groups [glo, ghi)
+            return None if t is None else t[:, lo:hi]
+
+        def down_groups(t):
+            return None if t is None else t[:, :, glo:ghi]
+
+        kwargs = dict(up=up[:, lo:hi], up_scale=rows(exact["up_scale"]), group_size=g, arena=arena)
+        args = [gate[:, lo:hi], down[:, :, lo:hi], rows(exact["gate_scale"]), down_groups(exact["down_scale"])]
+        if self.weight_format == "int4_affine":
+            args += [rows(exact["gate_zero"]), down_groups(exact["down_zero"])]
+            kwargs["up_zero"] = rows(exact["up_zero"])
+        return _EXACT_PACKERS[self.weight_format](*args, **kwargs)
 
     def _fingerprint(self, given: Optional[str], *tensors: torch.Tensor) -> Optional[str]:
         if self.cache == "off":
@@ -290,7 +341,7 @@ class KTMoE(nn.Module):
         return _C.packed_cache_key(self.weight_format, self.group_size, self.num_experts, self.hidden_size,
                             self.intermediate_size, self._bounds[p], self._bounds[p + 1], p, fingerprint)
 
-    def _pack(self, gate, up, down, fingerprint: Optional[str] = None, scales=None):
+    def _pack(self, gate, up, down, fingerprint: Optional[str] = None, exact=None):
         self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
         if self.cache == "map":
             raise ValueError(f"KTMoE(layer {self.layer_idx}): cache='map' only maps kept files "
@@ -301,12 +352,8 @@ class KTMoE(nn.Module):
                 lo, hi = self._bounds[p], self._bounds[p + 1]
 
                 def build(arena, lo=lo, hi=hi):
-                    if scales is not None:  # FP8 checkpoint: bytes and scales as they are
-                        g = self.group_size or 128
-                        gs, us, ds = scales
-                        return ops.pack_fp8_experts(gate[:, lo:hi], down[:, :, lo:hi], gs[:, lo:hi],
-                                                    ds[:, :, lo // g:-(-hi // g)], up=up[:, lo:hi],
-                                                    up_scale=us[:, lo:hi], group_size=g, arena=arena)
+                    if exact is not None:  # a quantized checkpoint: codes, scales (and zeros) as they are
+                        return self._pack_exact(arena, lo, hi, gate, up, down, exact)
                     return ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
                                             up=up[:, lo:hi], group_size=self.group_size, arena=arena)
 

@@ -14,8 +14,8 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS",
-           "ACTIVATION_DTYPES"]
+__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "InferenceOnlyError",
+           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
 # each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
@@ -86,7 +86,9 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
-    ``group_size``: int4 / fp8 group along the input dimension (0: the format's default, 32 / 128).
+    ``group_size``: int4 / fp8 / int4_affine group along the input dimension (0: the format's default,
+    32 / 128 / 128). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
+    checkpoint's own codes, scales and zero points are packed exactly by :func:`pack_int4_affine_experts`).
     ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
     (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
 
@@ -118,6 +120,28 @@ def pack_fp8_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: t
         return torch.ops.ktmoe.pack_fp8_experts(*args)
     return _pack_into(arena, *_packed_shapes(gate_up, up, down, "fp8", group_size),
                       torch.ops.ktmoe.pack_fp8_experts_out, args)  # the op checks the arguments
+
+
+def pack_int4_affine_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
+                             down_scale: torch.Tensor, gate_up_zero: Optional[torch.Tensor] = None,
+                             down_zero: Optional[torch.Tensor] = None, *, up: Optional[torch.Tensor] = None,
+                             up_scale: Optional[torch.Tensor] = None, up_zero: Optional[torch.Tensor] = None,
+                             group_size: int = 0,
+                             arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pack an int4 checkpoint's experts into ``"int4_affine"``, codes, scales and zero points kept exactly.
+
+    Codes uint8, one 4-bit code 0..15 per byte: gate_up [E, 2I, H] (or gate [E, I, H] with ``up=``),
+    down [E, H, I]. Scales fp32 | bf16 | fp16 per (row, k-group of ``group_size`` inputs, 0: 128):
+    gate_up_scale [E, 2I, ceil(H/g)] (or the gate's, with ``up_scale=``), down_scale [E, H, ceil(I/g)].
+    Zero points: integer tensors of the scales' shapes with values 0..16 (``w = s * (q - z)``; GPTQ v1
+    checkpoints store z - 1), or None: symmetric, ``w = s * (q - 8)`` (compressed-tensors
+    pack-quantized). -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
+    """
+    args = (gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero, up_zero, down_zero, group_size)
+    if arena is None:
+        return torch.ops.ktmoe.pack_int4_affine_experts(*args)
+    return _pack_into(arena, *_packed_shapes(gate_up, up, down, "int4_affine", group_size),
+                      torch.ops.ktmoe.pack_int4_affine_experts_out, args)  # the op checks the arguments
 
 
 def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -170,6 +194,25 @@ def _pack_fp8_experts_out_fake(gate_up, up, down, gate_up_scale, up_scale, down_
     return None
 
 
+@torch.library.register_fake("ktmoe::pack_int4_affine_experts")
+def _pack_int4_affine_experts_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero, up_zero,
+                                   down_zero, group_size):
+    _check_same_device("pack_int4_affine_experts", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
+                       up_scale=up_scale, down_scale=down_scale, gate_up_zero=gate_up_zero, up_zero=up_zero,
+                       down_zero=down_zero)
+    shape13, shape2 = _packed_shapes(gate_up, up, down, "int4_affine", group_size)
+    return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+
+
+@torch.library.register_fake("ktmoe::pack_int4_affine_experts_out")
+def _pack_int4_affine_experts_out_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero,
+                                       up_zero, down_zero, group_size, w13, w2):
+    _check_same_device("pack_int4_affine_experts_out", "gate_up", gate_up, up=up, down=down,
+                       gate_up_scale=gate_up_scale, up_scale=up_scale, down_scale=down_scale,
+                       gate_up_zero=gate_up_zero, up_zero=up_zero, down_zero=down_zero, w13=w13, w2=w2)
+    return None
+
+
 def _inference_only(op: str):
     def backward(ctx, *grads):
         raise InferenceOnlyError(
@@ -182,3 +225,4 @@ def _inference_only(op: str):
 torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forward"))
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
 torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))
+torch.library.register_autograd("ktmoe::pack_int4_affine_experts", _inference_only("pack_int4_affine_experts"))

@@ -141,9 +141,38 @@ def quantize_fp8(w, group=128):
     return torch.where(s > 0, q * s, 0).reshape(*lead, n, k + pad)[..., :k]
 
 
+def quantize_int4_affine(w, group=128):
+    """GPTQ-style min/max int4 with a scale and a zero point per (row, group of ``group`` inputs)
+    of w [..., n, k], dequantized (fp32): over the group's valid columns lo = min(w, 0),
+    hi = max(w, 0), s = (hi - lo) / 15, z = clamp(round(-lo / s), 0, 15),
+    q = clamp(round(w / s) + z, 0, 15) (round half to even), value s * q + (-(s * z)); 0 where s = 0."""
+    w = w.float()
+    *lead, n, k = w.shape
+    pad = (-k) % group
+    g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)  # padding 0 moves neither lo nor hi
+    lo, hi = g.amin(-1, keepdim=True).clamp(max=0), g.amax(-1, keepdim=True).clamp(min=0)
+    s = (hi - lo) / 15
+    ok = s > 0
+    sd = torch.where(ok, s, 1)
+    z = torch.where(ok, torch.round(-lo / sd).clamp(0, 15), 0)
+    q = torch.where(ok, (torch.round(g / sd) + z).clamp(0, 15), 0)
+    s = torch.where(ok, s, 0)
+    return (q * s + (-(s * z))).reshape(*lead, n, k + pad)[..., :k]
+
+
+def dequantize_int4_affine(codes, scale, zero=None, group=128):
+    """The weights w = s * (q - z) an int4 checkpoint stores, as int4_affine represents them (fp32):
+    codes [..., n, k] (0..15), scale [..., n, ceil(k/group)], zero of the scale's shape (integers
+    0..16) or None (symmetric: z = 8); computed as s * q + (-(s * z)), exact for bf16 / fp16 s."""
+    k = codes.shape[-1]
+    s = scale.float().repeat_interleave(group, -1)[..., :k]
+    z = torch.full_like(s, 8.0) if zero is None else zero.float().repeat_interleave(group, -1)[..., :k]
+    return codes.float() * s + (-(s * z))
+
+
 def quantize_weights(w, weight_format, group=None):
     """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
-    format's default (int4 32, fp8 128)."""
+    format's default (int4 32, fp8 128, int4_affine 128)."""
     if weight_format == "bf16":
         return _bf16(w)
     if weight_format == "int8":
@@ -152,6 +181,8 @@ def quantize_weights(w, weight_format, group=None):
         return quantize_int4(w, group or 32)
     if weight_format == "fp8":
         return quantize_fp8(w, group or 128)
+    if weight_format == "int4_affine":
+        return quantize_int4_affine(w, group or 128)
     raise ValueError(f"unknown weight_format {weight_format!r}")
 
 

@@ -3,9 +3,9 @@
 Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops, driven
 by the native format table (``_C.weight_formats()``: each row's code bits, code values and
 scale layout), so a format is decoded without a case of its own here. ``bf16`` gives back
-the packed bf16 values exactly; ``int8`` / ``int4`` / ``fp8`` give the dequantized weights
-(``s * (u - 128)``, ``d * L[q]``, ``s * e4m3(q)``), which is what the kernels multiply, not
-the original dense weights.
+the packed bf16 values exactly; ``int8`` / ``int4`` / ``fp8`` / ``int4_affine`` give the dequantized
+weights (``s * (u - 128)``, ``d * L[q]``, ``s * e4m3(q)``, ``s * q - s * z``), which is what the kernels
+multiply, not the original dense weights.
 """
 from typing import List, Tuple
 
@@ -72,7 +72,21 @@ def _scales(w: torch.Tensor, h: dict, row: dict) -> torch.Tensor:
         raw = w[:, s0:s0 + np_ * ng * row["scale_bytes"]].contiguous()
         sc = (_bf16_from_u8(raw) if row["scale_bytes"] == 2 else raw.view(torch.float32)).float()
         return sc.reshape(E, np_ // 16, ng, 16).permute(0, 1, 3, 2).reshape(E, np_, ng)
+    if row["scales"] == "f32_u8_zero_per_block_group":  # per (block, group): 16 fp32 s, then 16 u8 z
+        return _affine_records(w, h)[0]
     raise ValueError(f"unpack: scale layout {row['scales']!r} is not decoded here")
+
+
+def _affine_records(w: torch.Tensor, h: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """int4_affine's 80-byte (block, group) records -> (s fp32, z fp32), each [E, np, kp / group]."""
+    E, nb, ng, s0 = w.shape[0], h["np"] // 16, h["kp"] // h["group"], h["scale_offset"]
+    raw = w[:, s0:s0 + nb * ng * 80].reshape(E, nb, ng, 80)
+    s = raw[..., :64].contiguous().view(torch.float32)
+    z = raw[..., 64:].float()
+
+    def by_row(t):  # [E, nb, ng, 16] -> [E, np, ng]
+        return t.permute(0, 1, 3, 2).reshape(E, nb * 16, ng)
+    return by_row(s), by_row(z)
 
 
 def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
@@ -87,6 +101,11 @@ def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
         values = torch.tensor(row["codebook"], dtype=torch.float32)[codes.long()]
     elif row["codes"] == "e4m3":
         values = codes.contiguous().view(torch.float8_e4m3fn).float()
+    elif row["codes"] == "affine":  # w = s * q + o, o = -(s * z), in fp32 (exact for bf16 / fp16 s)
+        s, z = _affine_records(w, h)
+        E, np_, kp = codes.shape
+        q = codes.float().reshape(E, np_, s.shape[-1], -1)
+        return (q * s[..., None] + (-(s * z))[..., None]).reshape(E, np_, kp)
     else:
         raise ValueError(f"unpack: codes {row['codes']!r} are not decoded here")
     E, np_, kp = values.shape
@@ -111,7 +130,7 @@ def unpack_matrix(w: torch.Tensor) -> Tuple[torch.Tensor, dict]:
 def unpack_experts(parts: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, torch.Tensor, str]:
     """[(w13, w2)] per NUMA part (split along I) -> (gate_up [E, 2I, H], down [E, H, I], format).
 
-    bf16 comes back as bf16 (exact), int8 / int4 / fp8 as fp32 (dequantized).
+    bf16 comes back as bf16 (exact), int8 / int4 / fp8 / int4_affine as fp32 (dequantized).
     """
     gates, ups, downs, fmt = [], [], [], None
     for w13, w2 in parts:

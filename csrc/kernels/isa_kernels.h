@@ -66,6 +66,11 @@ struct IsaKernels {
   // inf, denormals kept, NaN -> quiet NaN with sign and top payload kept), i < n.
   void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
+
+  // kINT4A (int4_affine_format.h), a: bf16 rows [M, lda] (lda >= kp, zero past k): per column
+  // and k-group, acc = Σ a·q and xsum = Σ a in fp32, then c += s·acc + o·xsum (o = -s·z).
+  void (*gemm_int4_affine)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
+                           int64_t b0, int64_t b1, float* c, int64_t ldc);
 };
 
 // The entry points an ISA defines in its own namespace (ktmoe::generic, ::avx2,
@@ -86,7 +91,9 @@ struct IsaKernels {
                      int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);       \
   void to_bf16(const float* x, uint16_t* y, int64_t n);                                           \
   void f16_to_f32(const uint16_t* x, float* y, int64_t n);                                        \
-  void f32_to_f16(const float* x, uint16_t* y, int64_t n)
+  void f32_to_f16(const float* x, uint16_t* y, int64_t n);                                        \
+  void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,  \
+                        int64_t b0, int64_t b1, float* c, int64_t ldc)
 
 // Tables, defined in generic/, avx2/, avx512/. The avx2/avx512 ones are compiled
 // with their ISA flags and must only be *called* after cpu_features says so.

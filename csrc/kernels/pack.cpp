@@ -26,6 +26,10 @@
 //          offset of fp8_format.h, and s in the row's (block, group) scale record.
 //          Padded columns, groups and rows hold byte 0 and s = 0. (FP8 checkpoints keep
 //          their own bytes and scales: pack_fp8.h.)
+//   kINT4A per (row, group) of valid values v, GPTQ's min/max: lo = min(v, 0), hi = max(v, 0),
+//          s = (hi - lo) / 15 (fp32), z = clamp(round(-lo / s), 0, 15), q = clamp(round(v / s) + z,
+//          0, 15), rounding half to even; s = 0 (hi == lo): q = z = 0. Written by int4a_store_row
+//          (pack_int4_affine.h; int4 checkpoints keep their own codes, scales and zeros there).
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
@@ -52,6 +56,7 @@
 
 #include "kernels/fp8_format.h"
 #include "kernels/generic/bf16_scalar.h"
+#include "kernels/pack_int4_affine.h"
 
 namespace ktmoe {
 namespace {
@@ -201,6 +206,28 @@ void pack_row_fp8(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8
   }
 }
 
+// int4_affine from dense weights ([NOTE]); q: k codes, s / z: kp / group scales and zero points (scratch).
+void pack_row_int4_affine(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* q, float* s, uint8_t* z,
+                          uint8_t* data, uint8_t* scales) {
+  for (int64_t g = 0; g < h.kp / h.group; ++g) {
+    const int64_t c0 = g * h.group, c1 = std::min<int64_t>(h.k, c0 + h.group);
+    float lo = 0.f, hi = 0.f;
+    for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, w[c]), hi = std::max(hi, w[c]);
+    s[g] = (hi - lo) / 15.f;
+    z[g] = 0;
+    if (!(s[g] > 0.f)) {
+      s[g] = 0.f;
+      for (int64_t c = c0; c < c1; ++c) q[c] = 0;
+      continue;
+    }
+    const float zf = std::nearbyint(-lo / s[g]);
+    z[g] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, zf)));
+    for (int64_t c = c0; c < c1; ++c)
+      q[c] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, std::nearbyint(w[c] / s[g]) + float(z[g]))));
+  }
+  int4a_store_row(h, pr, q, s, z, data, scales);
+}
+
 void check_header(const PackedMatrixHeader& h) {
   if (h.magic != kPackedMagic || h.version != kPackedVersion)
     throw std::invalid_argument("pack_matrix: header has a bad magic or version");
@@ -268,6 +295,10 @@ void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uin
   const auto format = static_cast<WeightFormat>(header.format);
   // int4 scratch: the chosen q of one group and the candidate being tried.
   std::vector<uint8_t> q_buf(format == WeightFormat::kINT4 ? size_t(2 * header.group) : 0);
+  // int4_affine scratch: one row's codes, and its scales and zero points.
+  const bool affine = format == WeightFormat::kINT4A;
+  std::vector<uint8_t> aq(affine ? size_t(header.kp) : 0), az(affine ? size_t(header.kp / header.group) : 0);
+  std::vector<float> as(az.size());
   for (int64_t pr = 0; pr < header.np; ++pr) {
     const int64_t r = dense_row(header, pr);
     const float* w = r >= 0 ? rows[r] : nullptr;
@@ -278,6 +309,9 @@ void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uin
       case WeightFormat::kINT8: pack_row_int8(header, pr, w, data, scales); break;
       case WeightFormat::kFP8:
         if (w) pack_row_fp8(header, pr, w, data, scales);
+        break;
+      case WeightFormat::kINT4A:
+        if (w) pack_row_int4_affine(header, pr, w, aq.data(), as.data(), az.data(), data, scales);
         break;
       case WeightFormat::kINT4:
         if (w) {

@@ -64,6 +64,16 @@
 //         scales: per block, per group: 16 bf16 d (32 bytes), at scale byte
 //         offset  (block*(kp/g) + k/g)*32 + (n%16)*2.
 //
+//  kFP8   e4m3 bytes x fp32 scales per (column, k-group), bf16 activations: fp8_format.h.
+//
+//  kINT4A ("int4_affine") linear 4-bit codes q in [0, 15] x an fp32 scale s and a u8 zero
+//         point z per (column, k-group), w = s * (q - z), bf16 activations (W4A16), exact for
+//         int4 checkpoints (compressed-tensors, GPTQ, AWQ): int4_affine_format.h. Data: per
+//         block, kp/4 "k-quads" of 32 bytes, byte (n%16)*2 + (k%2) of quad j holding input
+//         4j + k%2 (low nibble) and 4j + 2 + k%2 (high nibble): the low nibbles are a k-pair in
+//         the VNNI pair layout, the high nibbles the next one. Scales: per (block, group) an
+//         80-byte record, 16 fp32 s then 16 u8 z. kp = round_up(k, group), group % 32 == 0.
+//
 // Activations for kINT8 / kINT4 are int8 per row (token): sx = max|x| / 127,
 // xq = round(x / sx) (signed), plus per-group sums of xq (group = header.group;
 // for kINT8 group = kp, one sum). Then

@@ -23,7 +23,7 @@
 namespace ktmoe {
 
 // The id stored in PackedMatrixHeader::format: never renumber (cache files keep it).
-enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2, kFP8 = 3 };
+enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2, kFP8 = 3, kINT4A = 4 };
 
 struct IsaKernels;
 struct PackedMatrixHeader;
@@ -43,6 +43,7 @@ enum class ScaleLayout : uint8_t {
   kF32PerRow = 1,         // float s[np]
   kBF16PerBlockGroup = 2, // per (block, group): 16 bf16 d, one per column of the block
   kF32PerBlockGroup = 3,  // per (block, group): 16 fp32 s, one per column of the block
+  kF32U8ZeroPerBlockGroup = 4,  // per (block, group): 16 fp32 s, then 16 u8 zero points z
 };
 
 // The activation rows a format's gemm multiplies (prepared by the driver).
@@ -57,6 +58,7 @@ enum class CodeValue : uint8_t {
   kOffset = 1,    // code - code_offset
   kCodebook = 2,  // codebook[code]
   kE4m3 = 3,      // the code byte is an e4m3fn value (fp8_format.h)
+  kAffine = 4,    // the code q itself, weight s * (q - z) (int4_affine_format.h)
 };
 
 using GemmBF16Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda,
@@ -66,14 +68,14 @@ using GemmInt8Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const Q
 
 struct WeightFormatTraits {
   WeightFormat id;
-  const char* name;            // "bf16": the name users pass and cache keys store (< 8 chars)
+  const char* name;            // "bf16": the name users pass and cache keys store (< 16 chars)
   int code_bits;               // bits of one stored weight code: a block is kp * 16 * code_bits / 8 bytes
   int k_run;                   // inputs of one column stored side by side in a block: 2 (pairs), 4 (quads),
                                // 8 (int4's octets: quads in the low, then the high nibbles)
   GroupRule group;
   int64_t default_group;       // kChosen: the group of group_size 0
   ScaleLayout scales;
-  int scale_bytes;             // bytes of one scale (0 without scales)
+  int scale_bytes;             // bytes of one scale (0 without scales; int4_affine: 4 of s + 1 of z)
   ActivationRows activations;
   const char* gemm_name;       // the IsaKernels entry, by name
   GemmBF16Entry gemm_bf16;     // exactly one of the two is set, matching activations
@@ -100,7 +102,7 @@ const WeightFormatTraits* find_format_traits(const std::string& name);
 // The row of a valid format (std::invalid_argument for an id no row has).
 const WeightFormatTraits& format_traits(WeightFormat format);
 
-// "'bf16', 'int8', 'int4' or 'fp8'" and "0 (bf16), 1 (int8), 2 (int4) or 3 (fp8)": for error messages.
+// "'bf16', 'int8', ... or 'int4_affine'" and "0 (bf16), 1 (int8), ... or 4 (int4_affine)": for error messages.
 std::string weight_format_names();
 std::string weight_format_ids();
 

@@ -58,6 +58,24 @@ void pack_fp8_experts_out(const at::Tensor& gate_up, const c10::optional<at::Ten
                           const at::Tensor& down_scale, int64_t group_size, const at::Tensor& w13,
                           const at::Tensor& w2);
 
+// An int4 checkpoint's experts, codes, scales and zero points kept: gate_up [E, 2I, H] (or gate
+// with up [E, I, H]), down [E, H, I] uint8 codes 0..15; scales fp32 | bf16 | fp16 per (row,
+// k-group of group_size inputs, 0 -> 128) [E, rows, ceil(k/g)]; zero points integer 0..16 of the
+// scales' shape, or None (symmetric: z = 8) -> (w13 [E, B13], w2 [E, B2]) uint8 in kINT4A.
+std::tuple<at::Tensor, at::Tensor> pack_int4_affine_experts(
+    const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+    const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale, const at::Tensor& down_scale,
+    const c10::optional<at::Tensor>& gate_up_zero, const c10::optional<at::Tensor>& up_zero,
+    const c10::optional<at::Tensor>& down_zero, int64_t group_size);
+// The same into outputs the caller allocated (as pack_experts_out).
+void pack_int4_affine_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
+                                  const at::Tensor& down, const at::Tensor& gate_up_scale,
+                                  const c10::optional<at::Tensor>& up_scale, const at::Tensor& down_scale,
+                                  const c10::optional<at::Tensor>& gate_up_zero,
+                                  const c10::optional<at::Tensor>& up_zero,
+                                  const c10::optional<at::Tensor>& down_zero, int64_t group_size,
+                                  const at::Tensor& w13, const at::Tensor& w2);
+
 // Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,
                             int64_t k, int64_t group_size);

@@ -24,8 +24,8 @@ namespace {
 // The key bytes in a file: a fixed little-endian record.
 #pragma pack(push, 1)
 struct KeyRecord {
-  char tag[8];  // "MOEKEY1\0"
-  char weight_format[8];
+  char tag[8];  // "MOEKEY2\0"
+  char weight_format[16];  // the format's name, NUL-padded (names are < 16 characters)
   uint32_t packed_version;
   uint32_t numa_part;
   int64_t group_size, experts, hidden, inter, inter_lo, inter_hi;
@@ -33,7 +33,7 @@ struct KeyRecord {
   char fingerprint[kMaxFingerprintBytes];
 };
 #pragma pack(pop)
-constexpr char kKeyTag[8] = {'M', 'O', 'E', 'K', 'E', 'Y', '1', '\0'};
+constexpr char kKeyTag[8] = {'M', 'O', 'E', 'K', 'E', 'Y', '2', '\0'};
 static_assert(sizeof(KeyRecord) <= kMaxCacheKeyBytes, "packed cache key must fit the header");
 
 std::string stale(const char* what, const std::string& have, const std::string& want) {

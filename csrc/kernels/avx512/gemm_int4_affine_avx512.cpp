@@ -1,0 +1,107 @@
+// [NOTE] avx512 gemm_int4_affine (AVX-512 BF16): c[m, 16*(b - b0) + j] =
+//   Σ_G ( s[16b+j, G] · Σ_{k∈G} a[m][k]·q[16b+j][k]  +  o[16b+j, G] · Σ_{k∈G} a[m][k] ),  o = -s·z
+// (int4_affine_format.h), by the tile loops of gemm_decoded_avx512.h (shared with gemm_fp8).
+//
+// Decode, 32 bytes (one k-quad of a block: k-pair 2j in the low nibbles, 2j+1 in the high
+// ones, each in the VNNI pair layout) -> two zmm of 32 bf16 codes, exact:
+//   vpmovzxbw   v = the bytes zero-extended to words (a load operand)
+//   vpermw      lo = T[v & 31]         T[i] = bf16(i % 16): the high nibble's bit 4 is ignored
+//   vpsrlw      v >> 4, vpermw: hi = T[v >> 4]
+// so 2 vector ops per 32 weights before the vdpbf16ps of each row (fp8's decode takes 3.5).
+// The row sums xsum_G = Σ_{k∈G} a[m][k] are computed once per call (vdpbf16ps against bf16
+// ones, then a horizontal add: m x kp / 32 instructions), and each (block, group) of a
+// tile ends with out = fma(s, acc, out), out = fma(o, xsum_G, out), where o = -(s * z)
+// (z widened from its byte: exact for bf16 / fp16 s). Those bits depend neither on (b0, b1)
+// nor on M; they differ from generic's (which rounds s * acc and o * xsum before adding) in
+// the last place, within the bf16 bound the tests hold every ISA to.
+#include <immintrin.h>
+
+#include "kernels/avx512/gemm_decoded_avx512.h"
+#include "kernels/int4_affine_format.h"
+#include "kernels/isa_kernels.h"
+
+namespace ktmoe {
+namespace avx512 {
+namespace {
+
+// The nibble decoder of gemm_decoded_avx512.h: a step is one k-quad (32 bytes) of a block.
+struct Int4AffineDecoder {
+  static constexpr bool kRowSums = true;
+  static constexpr int64_t kStepBytes = 32;
+  const uint8_t* scales;  // block 0, group 0
+  int64_t ngroups;
+  __m512i table = _mm512_load_si512(kInt4AffineBf16.v);
+  Int4AffineDecoder(const uint8_t* s, int64_t ng) : scales(s), ngroups(ng) {}
+
+  static inline __m512i widen(const uint8_t* p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  inline __m512i low(__m512i v) const { return _mm512_permutexvar_epi16(v, table); }
+  inline __m512i high(__m512i v) const { return _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table); }
+
+  template <int NB>
+  struct Step {
+    __m512i v[NB];
+  };
+  template <int NB>
+  inline Step<NB> step(const uint8_t* w, int64_t bstride, int64_t p) const {
+    Step<NB> st;
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) st.v[j] = widen(w + j * bstride + (p / 2) * 32);
+    return st;
+  }
+  template <int NB>
+  inline __m512i pair(const Step<NB>& st, int h, int j) const {
+    return h == 0 ? low(st.v[j]) : high(st.v[j]);
+  }
+  // n (even) k-pairs of a block at p -> n zmm of bf16 codes at out (prefetching the next chunk).
+  inline void pairs(const uint8_t* p, int64_t n, uint8_t* out) const {
+    for (int64_t i = 0; i < n; i += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + (i / 2) * 32 + (decoded::kPChunk / 2) * 32), _MM_HINT_T0);
+      const __m512i v = widen(p + (i / 2) * 32);
+      _mm512_store_si512(out + i * 64, low(v));
+      _mm512_store_si512(out + (i + 1) * 64, high(v));
+    }
+  }
+  inline const uint8_t* record(int64_t b, int64_t g) const {
+    return scales + (b * ngroups + g) * kInt4AffineRecordBytes;
+  }
+  inline __m512 scale(int64_t b, int64_t g) const { return _mm512_loadu_ps(record(b, g)); }
+  // o = -(s * z): the product is exact for bf16 / fp16 s, the sign flip always is.
+  inline __m512 offset(int64_t b, int64_t g) const {
+    const uint8_t* r = record(b, g);
+    const __m128i z8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kInt4AffineZeroAt));
+    const __m512 sz = _mm512_mul_ps(_mm512_loadu_ps(r), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(z8)));
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sz), _mm512_set1_epi32(int32_t(0x80000000u))));
+  }
+};
+
+// xs[r * ngroups + g] = Σ_{k∈g} a[r][k] (fp32), r < m: pairs against bf16 ones, then one horizontal add.
+void row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, int64_t ngroups, float* xs) {
+  const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < ngroups; ++g) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = g * group; k < (g + 1) * group; k += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + r * lda + k), ones);
+      xs[r * ngroups + g] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+}  // namespace
+
+// w: kINT4A matrix [np, kp] (+ an (s, z) record per 16 columns and k-group); a: bf16 rows
+// [m, lda] (kp used, zero padded); c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
+void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                      int64_t b1, float* c, int64_t ldc) {
+  if (m <= 0 || b1 <= b0) return;
+  const int64_t kp = w->kp, group = w->group, ngroups = kp / group;
+  static thread_local decoded::Scratch xbuf;
+  float* xs = reinterpret_cast<float*>(xbuf.at_least(size_t(m * ngroups) * 4));
+  row_group_sums(a, lda, m, group, ngroups, xs);
+  const decoded::Ctx x{packed_data(w), int4a_block_data_bytes(kp), ngroups, group / 2, xs};
+  decoded::gemm(Int4AffineDecoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
+}
+
+}  // namespace avx512
+}  // namespace ktmoe
