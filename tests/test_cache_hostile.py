@@ -256,7 +256,7 @@ def forge_expert_count(path, experts: int) -> None:
             struct.pack_into("<q", h, 40 + 32 * t + 8, experts)
             offsets.append(off)
             cols.append(col)
-        struct.pack_into("<q", h, 296 + 32, experts)  # the key record at 296: tag, format, version, part, group, E
+        struct.pack_into("<q", h, 296 + 40, experts)  # the key record at 296: tag, format[16], version, part, group, E
         size = max(o + experts * c for o, c in zip(offsets, cols))
         size = -(-size // (2 * MiB)) * (2 * MiB)
         struct.pack_into("<q", h, 24, size)  # file_bytes

@@ -61,7 +61,7 @@ def quantize_rows_int8(x):
 
 def format_activations(weight_format):
     """How a format's kernels round the activations they multiply."""
-    return "bf16" if weight_format in ("bf16", "fp8") else "int8"
+    return "bf16" if weight_format in ("bf16", "fp8", "int4_affine") else "int8"
 
 
 def _bf16(t):

@@ -8,7 +8,7 @@
 // then zero-extended to dwords and converted to fp32 (exact): 4 + 8 vector ops per 32
 // weights and row.
 // The row sums xsum_G and the group end (c += s * acc, then c += o * xsum, each a multiply
-// and an add, o = -(s * z)) are generic's, and a bf16 times a code is exact in fp32, so
+// and an add, never contracted to an FMA; o = -(s * z)) are generic's, and a bf16 times a code is exact in fp32, so
 // the result bits equal the generic kernel's.
 #include "kernels/avx2/gemm_decoded_avx2.h"
 #include "kernels/int4_affine_format.h"
@@ -18,6 +18,13 @@ namespace avx2 {
 namespace {
 
 inline __m256 u16x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v)); }
+
+// x, opaque to the optimizer: a product passed through it is rounded before any add (GCC would
+// otherwise contract _mm256_mul_ps + _mm256_add_ps into one FMA, -ffp-contract=fast, and differ from generic).
+inline __m256 rounded(__m256 x) {
+  asm("" : "+x"(x));
+  return x;
+}
 
 // The nibble decoder of gemm_decoded_avx2.h.
 struct Int4AffineDecoder {
@@ -48,8 +55,8 @@ struct Int4AffineDecoder {
       const __m128i z8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + kInt4AffineZeroAt + 8 * h));
       const __m256 o = _mm256_xor_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(z8))), sign);
       const __m256 prev = g == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(c + 8 * h);
-      const __m256 y = _mm256_add_ps(prev, _mm256_mul_ps(s, acc[h]));
-      _mm256_storeu_ps(c + 8 * h, _mm256_add_ps(y, _mm256_mul_ps(o, xs)));
+      const __m256 y = _mm256_add_ps(prev, rounded(_mm256_mul_ps(s, acc[h])));
+      _mm256_storeu_ps(c + 8 * h, _mm256_add_ps(y, rounded(_mm256_mul_ps(o, xs))));
     }
   }
 };
