@@ -9,7 +9,7 @@ import torch
 import torch_ktmoe
 from torch_ktmoe.reference import moe_reference, relative_error
 from torch_ktmoe.sglang import KTMoEWrapper
-from tests.helpers import FORMAT_TOLERANCE
+from tests.helpers import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE
 from tests.helpers.int4_checkpoints import int4_checkpoint
 
 pytest.importorskip("transformers")
@@ -50,6 +50,27 @@ def int4_model(request, tmp_path_factory):
     path = int4_checkpoint(tmp / "src", tmp / "int4", kind, down_act_order=kind == "gptq")
     ref = AutoModelForCausalLM.from_pretrained(path + "-dequantized", dtype=torch.float32).eval()
     return path, kind, _greedy(ref)
+
+
+def test_from_pretrained_streams_int4_experts_exactly(int4_model, monkeypatch):
+    import torch_ktmoe.hf as kthf
+
+    path, kind, ref_seq = int4_model
+    seen = set()
+    load_expert = torch_ktmoe.KTMoE.load_expert
+
+    def spy(self, expert, gate_up, down, **kw):
+        seen.add((gate_up.dtype, down.dtype, kw.get("gate_up_scale") is not None, kw.get("gate_up_zero") is None))
+        return load_expert(self, expert, gate_up, down, **kw)
+
+    monkeypatch.setattr(torch_ktmoe.KTMoE, "load_expert", spy)
+    model = kthf.from_pretrained(path, dtype=torch.float32, progress=False)
+    symmetric = kind == "compressed-tensors"  # no zero points: z = 8
+    assert seen == {(torch.uint8, torch.uint8, True, symmetric)}  # codes as they are, never a dequantized expert
+    layers = [m.ktmoe for m in model.modules() if hasattr(m, "ktmoe")]
+    assert layers and {(k.weight_format, k.group_size) for k in layers} == {
+        ("int4_affine", 32 if kind == "compressed-tensors" else 128)}
+    assert torch.equal(_greedy(model), ref_seq)
 
 
 def test_from_pretrained_int4_into_bf16_on_request(int4_model):
@@ -136,3 +157,31 @@ def test_sglang_dequantizes_int4_experts_into_other_formats(int4_layer, method):
     wrapper, err = _wrapper_error(path, method, gate_up, down)
     assert wrapper.moe.weight_format == method.lower()
     assert err <= FORMAT_TOLERANCE[method.lower()]
+
+
+@pytest.mark.parametrize("method", ["RAWINT4", "GPTQ_INT4"])
+def test_sglang_int4_methods_read_the_codes_exactly(int4_layer, method):
+    """RAWINT4 / GPTQ_INT4 pack the checkpoint's codes, scales and zeros (int4_affine): within the bf16 bound of
+    the dequantized reference, and in fact only summation order away from it (bf16 activations)."""
+    path, gate_up, down = int4_layer
+    wrapper, err = _wrapper_error(path, method, gate_up, down)
+    assert wrapper.moe.weight_format == "int4_affine"
+    assert err <= QUANTIZED_REFERENCE_TOLERANCE <= FORMAT_TOLERANCE["bf16"]
+
+
+def test_fp8_per_channel_weight_scale_is_still_an_fp8_scale(tmp_path):
+    """compressed-tensors and FP8 per channel both name a scale ``weight_scale``: an FP8 checkpoint's non-expert
+    weights are still dequantized with it."""
+    import os
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    import torch_ktmoe.hf as kthf
+    from tests.helpers.fp8 import fp8_checkpoint
+
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(_config("qwen3_moe"), dtype=torch.float32).save_pretrained(tmp_path / "src")
+    path = fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", per_channel=True)
+    model = kthf.from_pretrained(path, dtype=torch.float32, weight_format="bf16", progress=False)
+    t = load_file(os.path.join(path, "model.safetensors"))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(model.get_parameter(key).detach(), t[key].float() * t[key + "_scale"])
