@@ -393,8 +393,8 @@ def _ctor(ckpt, **kw):
 
 def test_bad_input_through_sglang(qwen, tmp_path):
     ckpt, _ = qwen
-    with pytest.raises(ValueError, match=r"method 'GPTQ_INT4'.*supported methods"):
-        _sglang_layer(ckpt, "GPTQ_INT4", 2, QWEN_NAMES)
+    with pytest.raises(ValueError, match=r"method 'FP4'.*supported methods"):
+        _sglang_layer(ckpt, "FP4", 2, QWEN_NAMES)
     with pytest.raises(ValueError, match=r"num_gpu_experts=8 must be in \[0, num_experts=8\)"):
         _sglang_layer(ckpt, "BF16", E, QWEN_NAMES)
     with pytest.raises(FileNotFoundError, match="weight_path"):

@@ -1,6 +1,7 @@
 """Find one experts block in a checkpoint: the first reader kind whose keys are there, at the first prefix.
 
-Every reader kind has one module (``dense``, ``mxfp4``, ``fp8``; int4 groups come the same way) and one class with the same three members:
+Every reader kind has one module (``dense``, ``mxfp4``, ``fp8``, ``compressed_tensors``, ``gptq``) and one class
+with the same three members:
 
 * ``probe_keys(prefix)`` -- the keys it looks for (named in the error when nothing is found);
 * ``find(ckpt, prefix, hidden_size, intermediate_size, num_experts=None, layout=CONCATENATED)``
@@ -14,24 +15,27 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from .dense import FusedExperts, PerExpertTensors
+from .compressed_tensors import CompressedTensorsExperts
 from .fp8 import Fp8Experts
 from .fused_layout import CONCATENATED, FusedLayout
+from .gptq import GptqExperts
 from .mxfp4 import Mxfp4Experts
 from .safetensors_dir import SafetensorsCheckpoint
 
-READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, PerExpertTensors)  # tried in this order at each prefix
-# Keys of encodings no reader knows (int4 groups), refused by name instead of "no experts found".
+READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, CompressedTensorsExperts, GptqExperts,
+           PerExpertTensors)  # tried in this order at each prefix
+# Keys of int4 encodings, refused by name (instead of "no experts found") in a layout no reader knows.
 UNREAD_ENCODINGS = {"qweight": "GPTQ / AWQ int4 (qweight, qzeros, scales)",
                     "weight_packed": "compressed-tensors pack-quantized int4 (weight_packed, weight_scale)"}
 
 
 def refuse_unread_encoding(ckpt: SafetensorsCheckpoint, prefix: str) -> None:
-    """ValueError naming the first tensor under ``prefix`` of an encoding no reader knows."""
+    """ValueError naming the first int4 tensor under ``prefix`` when no reader found experts there."""
     for key in ckpt.keys_under(prefix + "."):
         for marker, what in UNREAD_ENCODINGS.items():
             if key.endswith(marker):
-                raise ValueError(f"{key}: the experts under {prefix} are {what}, which torch_ktmoe does not read "
-                                 f"(it reads fp32 / bf16 / fp16, FP8 with its scales and gpt-oss MXFP4); "
+                raise ValueError(f"{key}: the experts under {prefix} are {what} in a layout torch_ktmoe does not "
+                                 f"read (it reads them per expert: {prefix}.<e>.gate_proj.{marker} ...); "
                                  f"in {ckpt.path}")
 
 

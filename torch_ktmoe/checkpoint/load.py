@@ -8,7 +8,9 @@ names, sizes, mtimes, safetensors headers and content samples, plus the host's s
 block within it; together they are the fingerprint the cache files are checked against, so a hit
 reads nothing from the checkpoint.
 ``reader_experts(reader, ids, weight_format, group_size)`` is what a host hands it: an FP8
-checkpoint's e4m3 bytes and scales as they are when the target is ``fp8``, else dense weights.
+checkpoint's e4m3 bytes and scales as they are when the target is ``fp8``, an int4 checkpoint's
+codes, scales and zero points as they are when it is ``int4_affine``, else dense weights;
+``exact_format(reader)`` is the format a reader's experts are read into exactly (None: dense only).
 """
 from __future__ import annotations
 
@@ -50,12 +52,30 @@ def as_kernel_input(t: torch.Tensor, dtype: Optional[torch.dtype] = None, name: 
     return t.to(dtype)
 
 
+EXACT_FORMATS = {"fp8_experts": "fp8", "int4_experts": "int4_affine"}  # reader method -> the format it fills
+
+
+def exact_format(reader) -> Optional[str]:
+    """The weight format ``reader``'s experts are read into as they are (``"fp8"``, ``"int4_affine"``), or None."""
+    return next((fmt for method, fmt in EXACT_FORMATS.items() if hasattr(reader, method)), None)
+
+
+def exact_group_size(reader, weight_format: str, group_size: int = 0) -> int:
+    """The ``group_size`` a KTMoE of ``weight_format`` gets for ``reader``'s experts: the checkpoint's group
+    (``reader.group_size``) for ``int4_affine`` read exactly unless one is given, else ``group_size``."""
+    if not group_size and weight_format == "int4_affine" and exact_format(reader) == "int4_affine":
+        return reader.group_size
+    return group_size
+
+
 def reader_experts(reader, ids, weight_format: str, group_size: int = 0):
     """What :func:`load_experts` packs from ``reader``: its exact e4m3 experts with their scales per
-    (row, k-group) (``fp8_experts``) when the target format is ``"fp8"`` and the reader has them,
-    else its dense ``experts(ids)``."""
+    (row, k-group) (``fp8_experts``) when the target format is ``"fp8"``, its int4 codes with scales and
+    zero points (``int4_experts``) when it is ``"int4_affine"``, else its dense ``experts(ids)``."""
     if weight_format == "fp8" and hasattr(reader, "fp8_experts"):
         return reader.fp8_experts(ids, group_size or FP8_GROUP)
+    if weight_format == "int4_affine" and hasattr(reader, "int4_experts"):
+        return reader.int4_experts(ids, group_size or reader.group_size)
     return reader.experts(ids)
 
 
@@ -67,7 +87,9 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
 
     ``experts``: per slot ``0..num_experts-1``, ``(gate_up [2I, H], down [H, I])``, or
     ``(gate_up, down, gate_up_scale, down_scale)`` of an FP8 checkpoint (e4m3, see
-    :func:`reader_experts`; packed exactly into ``weight_format="fp8"``); a lazy iterable
+    :func:`reader_experts`; packed exactly into ``weight_format="fp8"``), or ``(gate_up_codes,
+    down_codes, gate_up_scale, down_scale, gate_up_zero, down_zero)`` of an int4 checkpoint (packed
+    exactly into ``weight_format="int4_affine"``); a lazy iterable
     (a reader's ``experts(ids)``), consumed only when the cache has no valid files for
     ``layer_fingerprint(source, key)``. ``dtype``: what the experts are handed to the packer in
     (see :func:`as_kernel_input`). ``ktmoe_kwargs`` (``weight_format``, ``layer_idx``, ``cache``,
@@ -78,7 +100,10 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
     fingerprint = layer_fingerprint(source, key)
     if not ktm.try_load_cached(fingerprint):
         for slot, (gate_up, down, *scales) in enumerate(experts):
-            if scales:  # e4m3 with its scales: as they are
+            if len(scales) == 4:  # int4 codes with scales and zero points: as they are
+                ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
+                                gate_up_zero=scales[2], down_zero=scales[3], fingerprint=fingerprint)
+            elif scales:  # e4m3 with its scales: as they are
                 ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
                                 fingerprint=fingerprint)
             else:

@@ -21,14 +21,20 @@ def is_scale_key(key: str) -> bool:
 
 
 def _parameter(model, name: str) -> torch.nn.Parameter:
+    return model.get_parameter(parameter_name(model, name))
+
+
+def parameter_name(model, name: str) -> str:
+    """The name in ``model`` of a checkpoint's parameter ``name`` (with or without the base model prefix)."""
     prefix = model.base_model_prefix + "." if model.base_model_prefix else ""
     for candidate in (name, name[len(prefix):] if prefix and name.startswith(prefix) else prefix + name):
         try:
-            return model.get_parameter(candidate)
+            model.get_parameter(candidate)
+            return candidate
         except AttributeError:
             continue
-    raise ValueError(f"{name}: an FP8 weight of the checkpoint that is no parameter of {type(model).__name__}; "
-                     "it cannot be dequantized")
+    raise ValueError(f"{name}: a quantized weight of the checkpoint that is no parameter of "
+                     f"{type(model).__name__}; it cannot be dequantized")
 
 
 @torch.no_grad()

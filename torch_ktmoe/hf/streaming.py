@@ -18,11 +18,13 @@ import os
 
 import torch
 
-from ..checkpoint import SafetensorsCheckpoint, checkpoint_fingerprint, find_experts, load_experts, reader_experts
+from ..checkpoint import (INT4_QUANT_METHODS, SafetensorsCheckpoint, check_int4_config, checkpoint_fingerprint,
+                          exact_format, exact_group_size, find_experts, load_experts, reader_experts)
 from ..memory import release_free_heap
 from . import packed_dir
 from .experts import experts_dims
 from .fp8_dense import dequantize_loaded_fp8, is_scale_key
+from .int4_dense import dequantize_loaded_int4, int4_modules, is_int4_key
 from .load_hook import before_and_after_weight_loading
 from .patch import (
     PatchReport,
@@ -63,7 +65,7 @@ def _resolve_dir(path) -> str:
     return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.ktmoe"])
 
 
-QUANT_METHODS = ("fp8", "mxfp4")  # the quantization_config.quant_method values read here
+QUANT_METHODS = ("fp8", "mxfp4", *INT4_QUANT_METHODS)  # the quantization_config.quant_method values read here
 
 
 def quant_method(config) -> str | None:
@@ -73,21 +75,30 @@ def quant_method(config) -> str | None:
     return None if method is None else str(getattr(method, "value", method))
 
 
+def _quantization_dict(config) -> dict:
+    qc = getattr(config, "quantization_config", None)
+    return dict(qc) if isinstance(qc, dict) else qc.to_dict()
+
+
 def _streaming_config(path: str, hf_kwargs: dict):
     """The config to hand transformers, or None for its own. MXFP4 (gpt-oss): without its
     quantization_config (the experts are dequantized expert by expert here, the rest is bf16);
     FP8: without it too (the experts stream here, the other FP8 weights are dequantized after the
-    load by :mod:`.fp8_dense`); another quant_method: ValueError naming it."""
+    load by :mod:`.fp8_dense`); compressed-tensors / GPTQ / AWQ int4: the same (checked by
+    :func:`~torch_ktmoe.checkpoint.check_int4_config`; the other int4 weights are dequantized by
+    :mod:`.int4_dense`); another quant_method: ValueError naming it."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=hf_kwargs.get("trust_remote_code", False))
     method = quant_method(config)
     if method is not None and method not in QUANT_METHODS:
         raise ValueError(f"{path}: quantization_config.quant_method {method!r} is not read by "
-                         f"torch_ktmoe.hf.from_pretrained; it reads {QUANT_METHODS[0]!r} (FP8 blocks or rows) and "
-                         f"{QUANT_METHODS[1]!r} checkpoints and unquantized ones")
+                         f"torch_ktmoe.hf.from_pretrained; it reads {QUANT_METHODS[0]!r} (FP8 blocks or rows), "
+                         f"{QUANT_METHODS[1]!r}, int4 {list(INT4_QUANT_METHODS)} checkpoints and unquantized ones")
     if method is None:
         return None
+    if method in INT4_QUANT_METHODS:
+        check_int4_config(_quantization_dict(config), path)
     del config.quantization_config
     return config
 
@@ -116,13 +127,16 @@ class _EmptyExpertsSwap:
     materializes a dense expert; unsupported ones are refused (``strict``) or listed in ``refused``.
     ``after(model, info)``: the checkpoint's dense expert keys, skipped on purpose, are not
     reported as unexpected; nor are the scales of an FP8 checkpoint's other weights (``fp8_scales``,
-    applied by :func:`.fp8_dense.dequantize_loaded_fp8`)."""
+    applied by :func:`.fp8_dense.dequantize_loaded_fp8`), nor the int4 tensors of an int4 checkpoint's
+    other linears (``int4_keys``, dequantized by :func:`.int4_dense.dequantize_loaded_int4`, whose
+    weights are then not reported missing)."""
 
     def __init__(self, strict: bool):
         self.strict = strict
         self.entries: list = []
         self.refused: list[RefusedBlock] = []
         self.fp8_scales: list[str] = []
+        self.int4_keys: list[str] = []
 
     def before(self, model) -> None:
         method = quant_method(model.config)
@@ -152,9 +166,17 @@ class _EmptyExpertsSwap:
         for k in list(unexpected):
             if any(k.startswith(p) for p in prefixes):
                 unexpected.discard(k)
-            elif is_scale_key(k):
+            elif is_scale_key(k):  # an FP8 weight's, or a compressed-tensors int4 one's (skipped by fp8_dense)
                 self.fp8_scales.append(k)
                 unexpected.discard(k)
+            elif is_int4_key(k):
+                self.int4_keys.append(k)
+                unexpected.discard(k)
+        missing = getattr(info, "missing_keys", None)
+        if missing:
+            for module in int4_modules(self.int4_keys):
+                for name in (f"{module}.weight", f"{model.base_model_prefix}.{module}.weight"):
+                    missing.discard(name)
 
 
 def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool):
@@ -178,8 +200,9 @@ def _load_without_experts(model_class, path: str, hf_kwargs: dict, strict: bool)
 def _stream_experts(model, path: str, entries, weight_format: str | None, mmap_experts_dir, ktmoe_kwargs: dict,
                     report: PatchReport, progress: bool) -> None:
     """Per experts block, a KTMoE that maps its valid cache files or is filled expert by expert from the
-    safetensors shards (in the model's dtype if fp32/bf16, else fp32; FP8 experts into ``fp8`` as they are).
-    ``weight_format`` None: ``fp8`` for FP8 experts, else ``bf16``."""
+    safetensors shards (in the model's dtype if fp32/bf16, else fp32; FP8 experts into ``fp8`` and int4
+    experts into ``int4_affine`` as they are). ``weight_format`` None: the reader's exact format
+    (:func:`~torch_ktmoe.checkpoint.exact_format`), else ``bf16``."""
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
     source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
@@ -191,11 +214,13 @@ def _stream_experts(model, path: str, entries, weight_format: str | None, mmap_e
         for b, E, H, I, adapter in entries:
             reader = find_experts(ckpt, candidate_prefixes(b.name, model.base_model_prefix), H, I, num_experts=E,
                                   layout=adapter.layout, what=f"{b.name} ({b.class_name})")
-            fmt = weight_format or ("fp8" if hasattr(reader, "fp8_experts") else "bf16")
-            experts = reader_experts(reader, range(E), fmt, ktmoe_kwargs.get("group_size", 0))
+            fmt = weight_format or exact_format(reader) or "bf16"
+            group = exact_group_size(reader, fmt, ktmoe_kwargs.get("group_size", 0))
+            experts = reader_experts(reader, range(E), fmt, group)
+            kwargs = {**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs, **({"group_size": group} if group else {})}
             ktm = load_experts(E, adapter.top_k, H, I, experts, source=source, key=b.name,
                                dtype=stream_dtype, mmap_experts_dir=mmap_experts_dir, weight_format=fmt,
-                               layer_idx=b.layer_idx, **{**adapter.layout.ktmoe_kwargs(), **ktmoe_kwargs})
+                               layer_idx=b.layer_idx, **kwargs)
             adapter.ktmoe = ktm
             account(report, b, ktm, 0)
 
@@ -229,7 +254,11 @@ def from_pretrained(
     ``weight_format="fp8"`` by default, bytes and scales as they are (no dequantized copy
     of an expert ever exists), or dequantizes them expert by expert into another format on
     request; its non-expert FP8 weights are dequantized in place after transformers loads
-    them (:mod:`.fp8_dense`). Other ``quant_method`` values are refused by name.
+    them (:mod:`.fp8_dense`). An int4 checkpoint (``quant_method`` ``"compressed-tensors"``
+    pack-quantized, ``"gptq"``, ``"awq"``) streams its experts into ``weight_format="int4_affine"``
+    the same way (codes, scales and zero points as they are, the checkpoint's group size), or
+    dequantized into another format; its other int4 linears are dequantized into the model's
+    weights (:mod:`.int4_dense`). Other ``quant_method`` values are refused by name.
 
     ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
     the cache fingerprint of a layer is the checkpoint's (its files' names, sizes, mtimes,
@@ -251,6 +280,7 @@ def from_pretrained(
         ktmoe_kwargs["cache"] = cache
     model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
     dequantize_loaded_fp8(model, path, swap.fp8_scales)
+    dequantize_loaded_int4(model, path, swap.int4_keys)
     report = PatchReport(refused=list(swap.refused))
     if packed is not None:
         packed_dir.map_packed_layers(path, packed["manifest"], packed["by_module"], swap.entries, ktmoe_kwargs, report)

@@ -3,15 +3,18 @@
 Under ``model.layers.{L}`` (or a multimodal model's ``language_model`` variants), each of
 ``mlp.experts`` and Mixtral's ``block_sparse_moe.experts`` is tried with the readers of
 :mod:`torch_ktmoe.checkpoint` (fused ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I],
-per-expert ``{e}.{gate,up,down}_proj.weight`` or ``{e}.w1/w3/w2.weight``, gpt-oss MXFP4).
+per-expert ``{e}.{gate,up,down}_proj.weight`` or ``{e}.w1/w3/w2.weight``, gpt-oss MXFP4, FP8, compressed-tensors
+and GPTQ / AWQ int4). An int4 checkpoint's ``config.json`` quantization_config, when the directory has one,
+is checked (:func:`~torch_ktmoe.checkpoint.check_int4_config`).
 kt-kernel's own pre-converted files (``blk.*`` keys, AMX layouts) are refused with an error
 that says so.
 """
 from __future__ import annotations
 
+import json
 import os
 
-from ..checkpoint import SafetensorsCheckpoint, find_experts
+from ..checkpoint import INT4_QUANT_METHODS, Int4Experts, SafetensorsCheckpoint, check_int4_config, find_experts
 
 LAYER_PREFIXES = ("model.layers.{L}", "model.language_model.layers.{L}", "language_model.model.layers.{L}")
 EXPERTS_NAMES = ("mlp.experts", "block_sparse_moe.experts")
@@ -34,4 +37,18 @@ def layer_experts(ckpt: SafetensorsCheckpoint, layer_idx: int, hidden_size: int,
                          "torch_ktmoe packs from the original Hugging Face safetensors: point --kt-weight-path "
                          "at the model's checkpoint directory")
     prefixes = [f"{lp.format(L=layer_idx)}.{en}" for lp in LAYER_PREFIXES for en in EXPERTS_NAMES]
-    return find_experts(ckpt, prefixes, hidden_size, intermediate_size, what=f"layer {layer_idx}")
+    reader = find_experts(ckpt, prefixes, hidden_size, intermediate_size, what=f"layer {layer_idx}")
+    if isinstance(reader, Int4Experts):
+        check_int4_checkpoint_config(ckpt.path)
+    return reader
+
+
+def check_int4_checkpoint_config(path: str) -> None:
+    """The int4 quantization_config of ``path``/config.json, if there is one, is read by torch_ktmoe."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return
+    with open(config) as f:
+        qc = json.load(f).get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method") in INT4_QUANT_METHODS:
+        check_int4_config(qc, config)

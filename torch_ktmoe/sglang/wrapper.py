@@ -30,8 +30,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, load_experts, make_ktmoe,
-                          reader_experts, utf8_path)
+from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, exact_group_size,
+                          load_experts, make_ktmoe, reader_experts, utf8_path)
 from ..layer import KTMoE
 from .checkpoint import check_weight_path, layer_experts
 
@@ -45,18 +45,22 @@ MMAP_DIR_ENV = "KTMOE_SGLANG_MMAP_EXPERTS_DIR"  # default of mmap_experts_dir= (
 METHOD_FORMATS = {
     "BF16": "bf16",
     "INT8": "int8", "AMXINT8": "int8", "MOE_INT8": "int8",
-    "INT4": "int4", "AMXINT4": "int4", "RAWINT4": "int4", "MOE_INT4": "int4",
+    "INT4": "int4", "AMXINT4": "int4", "MOE_INT4": "int4",
     "FP8": "fp8", "FP8_PERCHANNEL": "fp8",  # e4m3 + 128x128 block / per-row scales, packed exactly
+    # int4 codes + group scales (+ zero points), packed exactly: compressed-tensors pack-quantized, GPTQ / AWQ
+    "RAWINT4": "int4_affine", "GPTQ_INT4": "int4_affine",
 }
 
 
 def weight_format_of(method: str) -> str:
-    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8"``; ValueError naming it and the supported ones."""
+    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8" | "int4_affine"``; ValueError naming it and the
+    supported ones."""
     fmt = METHOD_FORMATS.get(str(method).upper())
     if fmt is None:
         raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8, "
-                         f"int4 and fp8 from bf16/fp16/fp32 or FP8 safetensors; GPTQ and kt-kernel's pre-converted "
-                         f"AMX files are not read); supported methods: {sorted(METHOD_FORMATS)}")
+                         f"int4, fp8 and int4_affine from bf16/fp16/fp32, FP8, compressed-tensors int4 or GPTQ / AWQ "
+                         f"safetensors; kt-kernel's pre-converted AMX files are not read); supported methods: "
+                         f"{sorted(METHOD_FORMATS)}")
     return fmt
 
 
@@ -160,11 +164,11 @@ class KTMoEWrapper:
                              f"logical expert {logical}, outside [0, num_experts={self.num_experts}){more}")
         return ids
 
-    def _ktmoe_args(self) -> tuple[tuple, dict]:
-        """The positional and keyword arguments of this layer's KTMoE."""
+    def _ktmoe_args(self, group_size: int = 0) -> tuple[tuple, dict]:
+        """The positional and keyword arguments of this layer's KTMoE (``group_size`` 0: the format's default)."""
         return ((self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size),
                 dict(mmap_experts_dir=self.mmap_experts_dir, weight_format=self.weight_format,
-                     layer_idx=self.layer_idx))
+                     layer_idx=self.layer_idx, **({"group_size": group_size} if group_size else {})))
 
     def load_weights(self, physical_to_logical_map=None) -> None:
         """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.
@@ -172,15 +176,17 @@ class KTMoEWrapper:
         ``physical_to_logical_map`` [>= E] (sglang's expert-location metadata for
         this layer, integer ids): CPU slot j holds logical expert ``map[cpu_physical[j]]``,
         which must be in [0, E).
-        With ``mmap_experts_dir`` a valid packed cache is mapped instead.
+        With ``mmap_experts_dir`` a valid packed cache is mapped instead. An int4 checkpoint's experts
+        (``RAWINT4`` / ``GPTQ_INT4``: ``int4_affine``) are packed with the checkpoint's group size.
         """
         ids = self._logical_ids(physical_to_logical_map)
         with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
             reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size)
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
-            args, kwargs = self._ktmoe_args()
-            self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format), source=source,
+            group = exact_group_size(reader, self.weight_format)
+            args, kwargs = self._ktmoe_args(group)
+            self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format, group), source=source,
                                     key=f"experts:{experts}", **kwargs)
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
