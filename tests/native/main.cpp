@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   test_driver_f16(isas, rng);
   test_accuracy(isas, rng);
   test_fp8(isas, rng);
+  test_int4_avx2(isas, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

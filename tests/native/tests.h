@@ -36,5 +36,7 @@ void test_driver_f16(const std::vector<Isa>& isas, Rng& rng);
 void test_accuracy(const std::vector<Isa>& isas, Rng& rng, int64_t E = 4, int64_t H = 512, int64_t I = 256,
                    int64_t K = 2, int64_t T = 48);
 void test_fp8(const std::vector<Isa>& isas, Rng& rng);  // test_fp8.cpp: e4m3 decode, kFP8 packing, gemm_fp8
+// test_int4_avx2.cpp: avx2 gemm_int4 at the int16 range ends, and its bits against generic's.
+void test_int4_avx2(const std::vector<Isa>& isas, Rng& rng);
 
 }  // namespace ktmoe_test
