@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   test_amx_gemm(isas, WeightFormat::kINT4, MatrixRole::kGateUp, 2 * 20, 300, 128, rng);
   test_amx_gemm(isas, WeightFormat::kINT8, MatrixRole::kPlain, 48, 256, 0, rng);
   test_int4_affine(isas, rng);
+  test_int4_avx2(isas, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

@@ -46,5 +46,7 @@ void test_int4_affine(const std::vector<Isa>& isas, Rng& rng);
 void test_amx_emulator(Rng& rng);
 void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role, int64_t n, int64_t k,
                    int64_t group, Rng& rng);
+// test_int4_avx2.cpp: avx2 gemm_int4 at the int16 range ends, and its bits against generic's.
+void test_int4_avx2(const std::vector<Isa>& isas, Rng& rng);
 
 }  // namespace ktmoe_test
