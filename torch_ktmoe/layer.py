@@ -37,7 +37,8 @@ class KTMoE(nn.Module):
             ``part % nodes``; partial outputs are summed in fp32. Default: the
             host's NUMA node count.
         group_size: int4 / fp8 / int4_affine group size along the input dimension (default 32 / 128 /
-            128); quantized checkpoints with NUMA parts: each part must start at a multiple of it.
+            128); int8: a scale per (row, group of this many inputs), default 0: one per row. Quantized
+            checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
         warm: ``"auto"`` (default): with file-backed experts that fit in memory
             (the check ``prefetch="auto"`` makes, per model directory), the
