@@ -16,7 +16,8 @@ Every call takes the next of 16 routings, so the experts read are cold, as in se
 
 llama.cpp (``make peers`` builds its ggml CPU backend and benchmarks/llama_peer/) runs the same
 layer as one ggml graph (mul_mat_id up, gate, swiglu, mul_mat_id down, weights, sum over k) with
-cold weights, bf16 / q8_0 / q4_0 (repacked) against our bf16 / int8 / int4. It is *alternated*
+cold weights, in ggml's nearest type (llama_peer.GGML_TYPE: q8_0 for int8 and fp8, q4_0 for int4,
+q4_K for int4_affine; ``KTMOE_LLAMA_TYPES="int4=q4_K"`` changes one). It is *alternated*
 with ours round by round (A B A B ...), so both see the same machine state; the ratio column is
 llama.cpp ms / ours ms (> 1: ours faster), from the medians.
 kt-kernel 0.7.2 and transformers 5.x experts (benchmarks/peers.py) are timed after, if installed.
@@ -88,7 +89,7 @@ def bench_shape(name, args, llama_ok, results):
     for fmt in args.formats:
         w13, w2 = ops.pack_experts(gate_up, down, fmt)
         per_expert = w13.shape[1] + w2.shape[1]
-        peer_type = llama_ok and fmt in llama_peer.GGML_TYPE  # fp8, int4_affine: no llama.cpp counterpart here
+        peer_type = llama_ok and fmt in llama_peer.GGML_TYPE
         llama = llama_peer.GgmlMoeLayer(fmt, experts, top_k, hidden, inter) if peer_type else None
         try:
             for t in args.tokens:

@@ -6,8 +6,10 @@ weight type holds the weights (L distinct layers, so a pass reads cold experts; 
 repetition) and answers ``run T THREADS REPS`` on stdin, so a benchmark can alternate it with our
 layer in one run without setting the weights up again.
 
-Formats compared: our bf16 / int8 / int4 with ggml's bf16 / q8_0 / q4_0 (q4_0 repacked into
-CPU_REPACK's 8x8 interleaved layout, as llama.cpp does at load time on AVX2 / AVX-512 hosts).
+Formats compared with ggml's nearest type: bf16 / int8 / int4 / fp8 / int4_affine with bf16 / q8_0 /
+q4_0 / q8_0 / q4_K (q4_0 and q4_K repacked into CPU_REPACK's interleaved layouts, as llama.cpp does
+at load time on AVX2 / AVX-512 hosts). ``KTMOE_LLAMA_TYPES="int4=q4_K"`` sets another (bf16, q8_0,
+q4_0 or q4_K) for a format.
 
 ``KTMOE_LLAMA_PEER=PATH`` picks another build of the harness, e.g. an AVX2-only ggml to set
 against our AVX2 path (``KTMOE_ISA=avx2``) on an AVX-512 host:
@@ -22,7 +24,9 @@ from typing import List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.environ.get("KTMOE_LLAMA_PEER") or os.path.join(ROOT, "build", "llama_peer", "moe_layer_ggml")
-GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
+GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "fp8": "q8_0", "int4_affine": "q4_K"}
+GGML_TYPE.update(kv.split("=", 1) for kv in os.environ.get("KTMOE_LLAMA_TYPES", "").split(",") if "=" in kv)
+TYPE_BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_K": 144 / 256}
 COLD_BYTES = 150 << 20  # routed-expert bytes one pass must read, at least
 
 
@@ -40,7 +44,7 @@ class GgmlMoeLayer:
                  seed: int = 0):
         self.format, self.type = fmt, GGML_TYPE[fmt]
         if layers is None:  # enough distinct layers that one T=1 pass reads >= COLD_BYTES of experts
-            approx_expert = 3 * hidden * inter * {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}[self.type]
+            approx_expert = 3 * hidden * inter * TYPE_BYTES_PER_WEIGHT[self.type]
             layers = max(1, math.ceil(COLD_BYTES / (top_k * approx_expert)))
         self.proc = subprocess.Popen([BINARY, self.type, str(experts), str(top_k), str(hidden), str(inter),
                                       str(layers), str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
