@@ -19,7 +19,8 @@
 // int32 and added to the row's integer accumulator. The integer results are thus
 // exactly those of the format (int32), as on every other ISA; only the fp32
 // epilogue (written above, left to right) rounds. Any (b0, b1) split or thread
-// gives the same bits.
+// gives the same bits. One tile loop (gemm_grouped) serves both formats; Int8Groups
+// and Int4Groups supply the panel decoder and the group epilogue.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -71,47 +72,94 @@ void panel_idot(const float* panel, const float* xf, int64_t kc, int32_t* iacc) 
   for (int64_t j = 0; j < kBlockN; ++j) iacc[j] += static_cast<int32_t>(part[j]);
 }
 
+// The format-specific parts of the one tile loop below (gemm_grouped).
+struct Int8Groups {
+  const uint8_t* data;
+  const float* s;  // per (block, group) 16 fp32; one group: s[n]
+  int64_t kp, ngroups;
+  bool one_group() const { return ngroups == 1; }
+  const uint8_t* block(int64_t b) const { return data + b * block_data_bytes(WeightFormat::kINT8, kp); }
+  void panel(const uint8_t* block, int64_t k0, int64_t kc, float* out) const {
+    decode_int8_panel(block + (k0 / 4) * 64, kc, out);
+  }
+  // acc[r] = fma(s[n,G], I_G, acc[r]) for each row r < mt.
+  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t mt) const {
+    const float* sg = s + (b * ngroups + G) * kBlockN;
+    for (int64_t r = 0; r < mt; ++r)
+      for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] = std::fma(sg[j], static_cast<float>(iacc[r][j]), acc[r][j]);
+  }
+  // One group: c = (sx * s[n]) * I.
+  float whole_row(int64_t b, int64_t j, float sx, int32_t i) const {
+    return (sx * s[b * kBlockN + j]) * static_cast<float>(i);
+  }
+};
+
+struct Int4Groups {
+  const uint8_t* data;
+  const uint8_t* scales;  // per (block, group) 16 bf16 d
+  int64_t kp, ngroups;
+  bool one_group() const { return false; }
+  const uint8_t* block(int64_t b) const { return data + b * block_data_bytes(WeightFormat::kINT4, kp); }
+  void panel(const uint8_t* block, int64_t k0, int64_t kc, float* out) const {
+    decode_int4_panel(block + (k0 / 8) * 64, kc, out);
+  }
+  // acc[r] += d[n,G] * I_G for each row r < mt.
+  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t mt) const {
+    const uint8_t* sc = scales + (b * ngroups + G) * kInt4ScaleBytes;
+    alignas(64) float d[kBlockN];
+    for (int64_t j = 0; j < kBlockN; ++j) d[j] = bf16_to_f32(static_cast<uint16_t>(sc[2 * j] | (sc[2 * j + 1] << 8)));
+    for (int64_t r = 0; r < mt; ++r)
+      for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] += d[j] * static_cast<float>(iacc[r][j]);
+  }
+  float whole_row(int64_t, int64_t, float, int32_t) const { return 0.f; }  // never: int4 always has groups
+};
+
+// The tile loop of both formats: per block, row tile and group, exact integer panel dots into iacc,
+// then the format's group epilogue into acc (or, with one group, the whole-row one); c = sx * acc.
+template <class Fmt>
+void gemm_grouped(const Fmt& fmt, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1, float* c,
+                  int64_t ldc) {
+  const int64_t g = fmt.kp / fmt.ngroups;
+  alignas(64) float panel[kPanelK * kBlockN];
+  alignas(64) float xf[kPanelK];
+  alignas(64) int32_t iacc[kRowTile][kBlockN];
+  alignas(64) float acc[kRowTile][kBlockN];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* block = fmt.block(b);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+      const int64_t mt = std::min(kRowTile, m - r0);
+      for (int64_t r = 0; r < mt; ++r) std::fill(acc[r], acc[r] + kBlockN, 0.f);
+      for (int64_t G = 0; G < fmt.ngroups; ++G) {
+        for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
+        for (int64_t k0 = G * g; k0 < (G + 1) * g; k0 += kPanelK) {
+          const int64_t kc = std::min(kPanelK, (G + 1) * g - k0);
+          fmt.panel(block, k0, kc, panel);
+          for (int64_t r = 0; r < mt; ++r) {
+            widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
+            panel_idot(panel, xf, kc, iacc[r]);
+          }
+        }
+        if (fmt.one_group()) break;  // iacc is the whole row: the whole-row epilogue below
+        fmt.add_group(b, G, iacc, acc, mt);
+      }
+      for (int64_t r = 0; r < mt; ++r) {
+        float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
+        const float sx = a.scale[r0 + r];
+        for (int64_t j = 0; j < kBlockN; ++j)
+          cr[j] = fmt.one_group() ? fmt.whole_row(b, j, sx, iacc[r][j]) : sx * acc[r][j];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // w: kINT8 [np/16][kp/4][16][4] u8 + per (block, group) 16 fp32 s; a: int8 rows [m, ldq] + scale[m];
 // c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  const int64_t kp = w->kp, g = w->group, ngroups = kp / g;
-  const uint8_t* data = packed_data(w);
-  const float* s = reinterpret_cast<const float*>(packed_scales(w));
-  alignas(64) float panel[kPanelK * kBlockN];
-  alignas(64) float xf[kPanelK];
-  alignas(64) int32_t iacc[kRowTile][kBlockN];
-  alignas(64) float acc[kRowTile][kBlockN];
-  for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT8, kp);
-    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-      const int64_t mt = std::min(kRowTile, m - r0);
-      for (int64_t r = 0; r < mt; ++r) std::fill(acc[r], acc[r] + kBlockN, 0.f);
-      for (int64_t G = 0; G < ngroups; ++G) {
-        for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
-        for (int64_t k0 = G * g; k0 < (G + 1) * g; k0 += kPanelK) {
-          const int64_t kc = std::min(kPanelK, (G + 1) * g - k0);
-          decode_int8_panel(block + (k0 / 4) * 64, kc, panel);
-          for (int64_t r = 0; r < mt; ++r) {
-            widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
-            panel_idot(panel, xf, kc, iacc[r]);
-          }
-        }
-        if (ngroups == 1) break;  // iacc is the whole row: the per-row epilogue below
-        const float* sg = s + (b * ngroups + G) * kBlockN;
-        for (int64_t r = 0; r < mt; ++r)
-          for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] = std::fma(sg[j], static_cast<float>(iacc[r][j]), acc[r][j]);
-      }
-      for (int64_t r = 0; r < mt; ++r) {
-        float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
-        const float sx = a.scale[r0 + r];
-        for (int64_t j = 0; j < kBlockN; ++j)
-          cr[j] = ngroups == 1 ? (sx * s[b * kBlockN + j]) * static_cast<float>(iacc[r][j]) : sx * acc[r][j];
-      }
-    }
-  }
+  const Int8Groups fmt{packed_data(w), reinterpret_cast<const float*>(packed_scales(w)), w->kp, w->kp / w->group};
+  gemm_grouped(fmt, a, m, b0, b1, c, ldc);
 }
 
 // w: kINT4 [np/16][kp/8][16][4] nibbles + per (block, group) 16 bf16 d;
@@ -119,42 +167,8 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
 // c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  const int64_t kp = w->kp, g = w->group, ngroups = kp / g;
-  const uint8_t* data = packed_data(w);
-  const uint8_t* scales = packed_scales(w);
-  alignas(64) float panel[kPanelK * kBlockN];
-  alignas(64) float xf[kPanelK];
-  alignas(64) int32_t iacc[kRowTile][kBlockN];
-  alignas(64) float acc[kRowTile][kBlockN];
-  alignas(64) float d[kBlockN];
-  for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* block = data + b * block_data_bytes(WeightFormat::kINT4, kp);
-    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-      const int64_t mt = std::min(kRowTile, m - r0);
-      for (int64_t r = 0; r < mt; ++r) std::fill(acc[r], acc[r] + kBlockN, 0.f);
-      for (int64_t G = 0; G < ngroups; ++G) {
-        for (int64_t r = 0; r < mt; ++r) std::fill(iacc[r], iacc[r] + kBlockN, 0);
-        for (int64_t k0 = G * g; k0 < (G + 1) * g; k0 += kPanelK) {
-          const int64_t kc = std::min(kPanelK, (G + 1) * g - k0);
-          decode_int4_panel(block + (k0 / 8) * 64, kc, panel);
-          for (int64_t r = 0; r < mt; ++r) {
-            widen_row(a.q + (r0 + r) * a.ldq + k0, kc, xf);
-            panel_idot(panel, xf, kc, iacc[r]);
-          }
-        }
-        const uint8_t* sc = scales + (b * ngroups + G) * kInt4ScaleBytes;
-        for (int64_t j = 0; j < kBlockN; ++j)
-          d[j] = bf16_to_f32(static_cast<uint16_t>(sc[2 * j] | (sc[2 * j + 1] << 8)));
-        for (int64_t r = 0; r < mt; ++r)
-          for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] += d[j] * static_cast<float>(iacc[r][j]);
-      }
-      for (int64_t r = 0; r < mt; ++r) {
-        float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
-        const float sx = a.scale[r0 + r];
-        for (int64_t j = 0; j < kBlockN; ++j) cr[j] = sx * acc[r][j];
-      }
-    }
-  }
+  const Int4Groups fmt{packed_data(w), packed_scales(w), w->kp, w->kp / w->group};
+  gemm_grouped(fmt, a, m, b0, b1, c, ldc);
 }
 
 }  // namespace generic
