@@ -13,23 +13,10 @@ from torch_ktmoe.reference import moe_reference, relative_error
 from torch_ktmoe.sglang import KTMoEWrapper
 from tests.helpers import FORMAT_TOLERANCE, random_experts
 from tests.helpers.fp8 import dequantize_blocks, fp8_checkpoint, quantize_blocks, quantize_rows
+from tests.helpers.quantized_models import greedy, tiny_config
 
 pytest.importorskip("transformers")
-PROMPT = torch.tensor([[3, 17, 42, 8, 99, 5, 61, 23]])
 
-
-def _config(kind):
-    from transformers import DeepseekV3Config, Qwen3MoeConfig
-
-    common = dict(vocab_size=128, hidden_size=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
-                  moe_intermediate_size=160, num_experts_per_tok=2)
-    if kind == "qwen3_moe":
-        return Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                              intermediate_size=64, num_hidden_layers=2, num_experts=8)
-    return DeepseekV3Config(**common, intermediate_size=192, num_hidden_layers=3, first_k_dense_replace=1,
-                            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_group=2, topk_group=1,
-                            n_shared_experts=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
-                            qk_nope_head_dim=32, v_head_dim=32)
 
 
 def _dequantized_copy(fp8_dir, dst):
@@ -54,17 +41,11 @@ def fp8_model(request, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(_config(request.param), dtype=torch.float32).save_pretrained(tmp / "src")
+    AutoModelForCausalLM.from_config(tiny_config(request.param), dtype=torch.float32).save_pretrained(tmp / "src")
     fp8_dir = fp8_checkpoint(tmp / "src", tmp / "fp8")
     ref = AutoModelForCausalLM.from_pretrained(_dequantized_copy(fp8_dir, tmp / "deq"), dtype=torch.float32).eval()
-    with torch.no_grad():
-        seq = ref.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False)
-    return fp8_dir, seq
+    return fp8_dir, greedy(ref)
 
-
-def _greedy(model):
-    with torch.no_grad():
-        return model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False)
 
 
 def test_from_pretrained_streams_fp8_experts_exactly(fp8_model, monkeypatch):
@@ -83,7 +64,7 @@ def test_from_pretrained_streams_fp8_experts_exactly(fp8_model, monkeypatch):
     assert seen == {(torch.float8_e4m3fn, torch.float8_e4m3fn, True)}  # no dequantized expert ever
     layers = [m.ktmoe for m in model.modules() if hasattr(m, "ktmoe")]
     assert layers and all(k.weight_format == "fp8" for k in layers)
-    assert torch.equal(_greedy(model), ref_seq)
+    assert torch.equal(greedy(model), ref_seq)
 
 
 def test_from_pretrained_fp8_into_bf16_on_request(fp8_model):
@@ -92,7 +73,7 @@ def test_from_pretrained_fp8_into_bf16_on_request(fp8_model):
     fp8_dir, ref_seq = fp8_model
     model = kthf.from_pretrained(fp8_dir, dtype=torch.float32, weight_format="bf16", progress=False)
     assert {m.ktmoe.weight_format for m in model.modules() if hasattr(m, "ktmoe")} == {"bf16"}
-    assert torch.equal(_greedy(model), ref_seq)
+    assert torch.equal(greedy(model), ref_seq)
 
 
 E, H, I, L = 6, 256, 160, 2

@@ -11,29 +11,12 @@ from torch_ktmoe.reference import moe_reference, relative_error
 from torch_ktmoe.sglang import KTMoEWrapper
 from tests.helpers import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE
 from tests.helpers.int4_checkpoints import int4_checkpoint
+from tests.helpers.quantized_models import greedy, tiny_config
 
 pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
-PROMPT = torch.tensor([[3, 17, 42, 8, 99, 5, 61, 23]])
 
 
-def _config(kind):
-    from transformers import DeepseekV3Config, Qwen3MoeConfig
-
-    common = dict(vocab_size=128, hidden_size=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
-                  moe_intermediate_size=160, num_experts_per_tok=2)
-    if kind == "qwen3_moe":
-        return Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                              intermediate_size=64, num_hidden_layers=2, num_experts=8)
-    return DeepseekV3Config(**common, intermediate_size=192, num_hidden_layers=3, first_k_dense_replace=1,
-                            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_group=2, topk_group=1,
-                            n_shared_experts=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
-                            qk_nope_head_dim=32, v_head_dim=32)
-
-
-def _greedy(model):
-    with torch.no_grad():
-        return model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False)
 
 
 @pytest.fixture(scope="module", params=[("qwen3_moe", "compressed-tensors"), ("qwen3_moe", "gptq"),
@@ -46,10 +29,10 @@ def int4_model(request, tmp_path_factory):
     model_kind, kind = request.param
     tmp = tmp_path_factory.mktemp(f"{model_kind}-{kind}")
     torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(_config(model_kind), dtype=torch.float32).save_pretrained(tmp / "src")
+    AutoModelForCausalLM.from_config(tiny_config(model_kind), dtype=torch.float32).save_pretrained(tmp / "src")
     path = int4_checkpoint(tmp / "src", tmp / "int4", kind, down_act_order=kind == "gptq")
     ref = AutoModelForCausalLM.from_pretrained(path + "-dequantized", dtype=torch.float32).eval()
-    return path, kind, _greedy(ref)
+    return path, kind, greedy(ref)
 
 
 def test_from_pretrained_streams_int4_experts_exactly(int4_model, monkeypatch):
@@ -70,7 +53,7 @@ def test_from_pretrained_streams_int4_experts_exactly(int4_model, monkeypatch):
     layers = [m.ktmoe for m in model.modules() if hasattr(m, "ktmoe")]
     assert layers and {(k.weight_format, k.group_size) for k in layers} == {
         ("int4_affine", 32 if kind == "compressed-tensors" else 128)}
-    assert torch.equal(_greedy(model), ref_seq)
+    assert torch.equal(greedy(model), ref_seq)
 
 
 def test_from_pretrained_int4_into_bf16_on_request(int4_model):
@@ -79,7 +62,7 @@ def test_from_pretrained_int4_into_bf16_on_request(int4_model):
     path, _, ref_seq = int4_model
     model = kthf.from_pretrained(path, dtype=torch.float32, weight_format="bf16", progress=False)
     assert {m.ktmoe.weight_format for m in model.modules() if hasattr(m, "ktmoe")} == {"bf16"}
-    assert torch.equal(_greedy(model), ref_seq)
+    assert torch.equal(greedy(model), ref_seq)
 
 
 def test_non_expert_int4_linears_are_the_dequantized_weights(int4_model):
@@ -111,7 +94,7 @@ def test_patch_model_of_transformers_compressed_tensors_load(int4_model):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     report = patch_model(model, weight_format="bf16")
     assert report.num_layers == sum(1 for m in model.modules() if hasattr(m, "ktmoe")) > 0
-    assert torch.equal(_greedy(model), ref_seq)
+    assert torch.equal(greedy(model), ref_seq)
 
 
 E, H, I, L = 6, 256, 160, 1
@@ -179,7 +162,7 @@ def test_fp8_per_channel_weight_scale_is_still_an_fp8_scale(tmp_path):
     from tests.helpers.fp8 import fp8_checkpoint
 
     torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(_config("qwen3_moe"), dtype=torch.float32).save_pretrained(tmp_path / "src")
+    AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), dtype=torch.float32).save_pretrained(tmp_path / "src")
     path = fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", per_channel=True)
     model = kthf.from_pretrained(path, dtype=torch.float32, weight_format="bf16", progress=False)
     t = load_file(os.path.join(path, "model.safetensors"))
