@@ -150,12 +150,12 @@ def _trivial_expert_location(model_config):
     return ExpertLocationMetadata.init_trivial(model_config, moe_ep_rank=0)
 
 
-def _sglang_layer(ckpt, method, gpu_experts, names):
+def _sglang_layer(ckpt, method, gpu_experts, names, **server_args):
     from sglang.srt.arg_groups.overrides import model_config_of
     from sglang.srt.eplb import expert_location
 
     override = get_context().override_server_args(device="cpu", model_path=ckpt, kt_weight_path=ckpt,
-                                                  kt_method=method, kt_num_gpu_experts=gpu_experts)
+                                                  kt_method=method, kt_num_gpu_experts=gpu_experts, **server_args)
     server_args = override.install()
     try:
         meta = _trivial_expert_location(model_config_of(server_args))
@@ -258,6 +258,54 @@ def test_quantized_methods_within_format_bounds(qwen, method):
     ref = _hf_reference(hf_experts, x, ids, w)
     bound = FORMAT_BOUND["INT8" if "8" in method else "INT4"]
     assert _rel_err(_run(layer, x, ids, w, logits), ref) <= bound
+
+
+def _test_helper(name):
+    """tests/helpers/<name>.py loaded by path: the checkpoint writers the main suite uses (the helpers package's
+    __init__ imports the in-tree build, which this venv must not see)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_ktmoe_test_helper_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _quantized_checkpoint(src, dst, method):
+    """(checkpoint dir, {key: dequantized fp32 expert weight}) of `src` in `method`'s checkpoint kind."""
+    from safetensors.torch import load_file
+
+    if method.startswith("FP8"):
+        fp8 = _test_helper("fp8")
+        path = fp8.fp8_checkpoint(src, dst, per_channel=method == "FP8_PERCHANNEL", experts_only=True)
+        t = load_file(os.path.join(path, "model.safetensors"))
+        deq = {k: (t[k].float() * t[k + "_scale"] if method == "FP8_PERCHANNEL"
+                   else fp8.dequantize_blocks(t[k], t[k + "_scale_inv"]))
+               for k in t if k.endswith(".weight") and k + ("_scale" if method == "FP8_PERCHANNEL" else "_scale_inv") in t}
+        return path, deq
+    kind = {"RAWINT4": "compressed-tensors", "GPTQ_INT4": "gptq"}[method]
+    path = _test_helper("int4_checkpoints").int4_checkpoint(src, dst, kind)
+    return path, {k: v.float() for k, v in load_file(os.path.join(path + "-dequantized", "model.safetensors")).items()}
+
+
+@pytest.mark.parametrize("method", ["FP8", "FP8_PERCHANNEL", "RAWINT4", "GPTQ_INT4"])
+def test_quantized_checkpoints_through_sglangs_kt_path(qwen, tmp_path, method):
+    """sglang's server args -> KTEPWrapperMethod -> our wrapper reading an FP8 / compressed-tensors / GPTQ checkpoint
+    exactly (fp8, int4_affine): within the bf16 bound of the layer on the dequantized weights."""
+    ckpt, _ = qwen
+    path, deq = _quantized_checkpoint(ckpt, tmp_path / method, method)
+    # sglang on CPU knows no "gptq" (its CUDA hosts turn it into gptq_marlin): GPTQ MoEs are served as moe_wna16
+    layer = _sglang_layer(path, method, 0, QWEN_NAMES, **({"quantization": "moe_wna16"} if method == "GPTQ_INT4" else {}))
+    assert layer.quant_method.wrapper.weight_format == ktsgl.weight_format_of(method)
+    assert layer.quant_method.wrapper.moe.weight_format == ("fp8" if method.startswith("FP8") else "int4_affine")
+    prefix = f"model.layers.{LAYER}.mlp.experts"
+    gate_up = torch.stack([torch.cat([deq[f"{prefix}.{e}.gate_proj.weight"], deq[f"{prefix}.{e}.up_proj.weight"]])
+                           for e in range(E)])
+    down = torch.stack([deq[f"{prefix}.{e}.down_proj.weight"] for e in range(E)])
+    x, ids, w, logits = _routing(11)
+    ref = moe_reference(x.float(), ids, w, gate_up, down, "bf16")
+    assert _rel_err(_run(layer, x, ids, w, logits), ref) <= FORMAT_BOUND["BF16"]
 
 
 def test_gpu_experts_mask_form(qwen):
