@@ -4,8 +4,11 @@
 // (Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq), with the same tile loop (avx2/gemm_int4_tile.h: unpack,
 // prefetch, the group epilogue with generic's rounding, so the same fp32 bits); only the dot
 // differs: two vpdpbusd (vnni_dot.h) per row and 32 weight bytes, u (unsigned) times xq
-// (signed), where avx2 takes 2 vpmaddubsw + 2 vpmaddwd + 2 vpaddd. Per 64 weight bytes at one
-// row: 2 loads, 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpdpbusd, 1 prefetch (avx2: 27).
+// (signed), where avx2 takes 2 vpmaddubsw + 2 vpmaddwd + 2 vpaddd. Vector instructions per 64
+// weight bytes at one row: 2 loads, 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpdpbusd, 1 prefetch:
+// 19 (avx2: 27). The one-row loop as GCC 12 emits it (objdump, benchmarks/bench_avx2_vnni.py):
+// 27 instructions per 64 weight bytes against avx2's 33 (both with the loop counters, each
+// weight vector loaded twice and accumulator copies GCC adds).
 // One-row tiles keep the low- and high-nibble sums in separate accumulators (4 vpdpbusd
 // chains instead of 2, added exactly at the group's end); wider tiles have enough chains and
 // no registers to spare.

@@ -10,7 +10,8 @@
 // (signed) and adds each column's 4 products to its int32 lane; the group's dot starts at
 // −128·gsum (a.gsum, the activation sums over the matrix's group), so the offset costs nothing
 // per quad. Per 64 weight bytes and row: 2 loads, 1 broadcast, 2 vpdpbusd (avx2: 18
-// instructions, the u8·s8 product taking vpsignb + vpmaddubsw + vpmaddwd + vpaddd). No
+// instructions, the u8·s8 product taking vpsignb + vpmaddubsw + vpmaddwd + vpaddd); the
+// one-row loop is 7 instructions per 64 weight bytes with its counters (objdump). No
 // |xq| rows in scratch and no row chunks. Decode tiles (one row) keep the even and odd
 // quads in separate accumulators (4 vpdpbusd chains instead of 2; added exactly at the
 // group's end). vpdpbusd wraps mod 2^32 and I_G (|.| <= 128·127·kp) fits int32 for kp < 130000,
