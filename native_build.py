@@ -2,7 +2,9 @@
 
 One flags table: every source gets TORCH_FREE_FLAGS, and a source under csrc/kernels/<isa>/
 also that ISA's flags from csrc/isa_flags.json (nothing else gets any), so the extension
-imports on any x86-64 CPU and picks kernels at run time. One driver: ``ninja_build`` writes a
+imports on any x86-64 CPU and picks kernels at run time. A ``Recompiled(source, isa)`` in a
+source list compiles a source a second time with another entry's flags (the native tests build
+csrc/kernels/avx2_vnni/ also as avx2_vnni_evex). One driver: ``ninja_build`` writes a
 build.ninja and runs ninja, which rebuilds an object only when its source, a header it
 includes or its command line changed, and shows one status line (updated in place on a
 terminal). The compiler's output of each object is kept in OBJ.log and printed only when
@@ -13,27 +15,45 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 
 ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
 TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
-ISA_ORDER = ["generic", "avx2", "avx512", "amx"]
+ISA_ORDER = ["generic", "avx2", "avx2_vnni", "avx2_vnni_evex", "avx512", "amx"]
 
 
 class NinjaBuildError(RuntimeError):
     """A ninja build failed; the message holds its output when it was captured."""
 
 
-def isa_of(source: Path) -> str:
-    """"avx2" / "avx512" / "amx" for a source under csrc/kernels/<isa>/, else "generic"."""
+class Recompiled(NamedTuple):
+    """`source` compiled with the flags of ISA entry `isa` instead of its directory's, into its own
+    object (NAME.<isa>.o), beside the ordinary one."""
+    source: Path
+    isa: str
+
+
+def isa_of(source) -> str:
+    """"avx2" / "avx2_vnni" / "avx512" / "amx" for a source under csrc/kernels/<isa>/, a Recompiled's
+    isa, else "generic"."""
+    if isinstance(source, Recompiled):
+        return source.isa
     parts = source.relative_to(CSRC).parts if source.is_relative_to(CSRC) else ()
     return parts[1] if len(parts) > 2 and parts[0] == "kernels" and parts[1] in ISA_FLAGS else "generic"
 
 
-def compile_flags(source: Path):
+def compile_flags(source):
     return TORCH_FREE_FLAGS + ISA_FLAGS.get(isa_of(source), []) + ["-I", str(CSRC)]
+
+
+def _object_name(source) -> Path:
+    """csrc/kernels/pack.cpp -> csrc/kernels/pack.o; Recompiled(x.cpp, isa) -> x.<isa>.o."""
+    if isinstance(source, Recompiled):
+        return source.source.relative_to(ROOT).with_suffix(f".{source.isa}.o")
+    return source.relative_to(ROOT).with_suffix(".o")
 
 
 def torch_free_sources():
@@ -65,12 +85,13 @@ def ninja_file_text(build_dir: Path, sources, executable=None, link_flags=()):
              "  command = $cxx -o $out $in $link_flags",
              "  description = LINK $out", ""]
     objects = []
-    for src in link_order(sources):
-        obj = build_dir / src.relative_to(ROOT).with_suffix(".o")
+    for unit in link_order(sources):
+        src = unit.source if isinstance(unit, Recompiled) else unit
+        obj = build_dir / _object_name(unit)
         objects.append(obj)
         lines += [f"build {_esc(obj)}: cxx {_esc(src)}",
-                  "  flags = " + " ".join(shlex.quote(f) for f in compile_flags(src)).replace("$", "$$"),
-                  f"  src = {_esc(src.relative_to(ROOT))}"]
+                  "  flags = " + " ".join(shlex.quote(f) for f in compile_flags(unit)).replace("$", "$$"),
+                  f"  src = {_esc(src.relative_to(ROOT))}" + (f"$ as$ {unit.isa}" if src is not unit else "")]
     if executable is not None:
         lines += [f"build {_esc(build_dir / executable)}: link " + " ".join(_esc(o) for o in objects),
                   "  link_flags = " + " ".join(shlex.quote(f) for f in link_flags).replace("$", "$$")]

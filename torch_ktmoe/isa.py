@@ -1,6 +1,6 @@
 """ISA selection of the kernels: ``auto`` picks the best the CPU runs.
 
-The environment variable ``KTMOE_ISA=generic|avx2|avx512|amx`` sets the initial
+The environment variable ``KTMOE_ISA=generic|avx2|avx2_vnni|avx512|amx`` sets the initial
 choice; ``amx`` (avx512 with AMX tile gemms for prefill rows) is opt-in only, never
 picked by ``auto``; :func:`set_isa` changes it at run time for the whole process;
 :func:`isa_scope` chooses one for the calls of the current thread only. Asking
@@ -12,7 +12,7 @@ from ._native import _C
 
 
 def set_isa(name: str) -> None:
-    """Use ``generic``, ``avx2``, ``avx512``, ``amx`` or ``auto`` for every later op call of the process."""
+    """Use ``generic``, ``avx2``, ``avx2_vnni``, ``avx512``, ``amx`` or ``auto`` for every later op call of the process."""
     _C.set_isa(name)
 
 
@@ -35,5 +35,5 @@ def active_isa() -> str:
 
 
 def available_isas() -> list:
-    """ISAs this CPU and build can run: generic, avx2, avx512, then the opt-in amx."""
+    """ISAs this CPU and build can run: generic, avx2, avx2_vnni, avx512, then the opt-in amx."""
     return list(_C.available_isas())

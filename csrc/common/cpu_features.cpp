@@ -75,8 +75,9 @@ CpuFeatures detect() {
   const bool avx512f = b7 & (1u << 16), avx512dq = b7 & (1u << 17);
   const bool avx512bw = b7 & (1u << 30), avx512vl = b7 & (1u << 31);
   const bool avx512vnni = c7 & (1u << 11);
-  const bool avx512bf16 = a71 & (1u << 5);
+  const bool avx512bf16 = a71 & (1u << 5), avx_vnni = a71 & (1u << 4);
   f.avx2 = ymm_state && avx2 && fma && f16c;
+  f.avx2_vnni = f.avx2 && avx_vnni;
   f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni &&
              avx512bf16;
   f.amx_missing = amx_missing(xcr0, d7);

@@ -30,7 +30,7 @@ struct QuantizedRows {
 };
 
 struct IsaKernels {
-  const char* name;  // "generic", "avx2", "avx512"
+  const char* name;  // "generic", "avx2", "avx2_vnni", "avx512", "amx"
 
   // a: bf16 rows [M, lda] (lda >= kp).
   void (*gemm_bf16)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
@@ -95,10 +95,11 @@ struct IsaKernels {
   void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,  \
                         int64_t b0, int64_t b1, float* c, int64_t ldc)
 
-// Tables, defined in generic/, avx2/, avx512/. The avx2/avx512 ones are compiled
+// Tables, defined in generic/, avx2/, avx2_vnni/, avx512/, amx/. All but generic are compiled
 // with their ISA flags and must only be *called* after cpu_features says so.
 const IsaKernels& generic_kernels();
 const IsaKernels& avx2_kernels();
+const IsaKernels& avx2_vnni_kernels();  // kernels/avx2_vnni/: avx2's table with vpdpbusd int8 / int4 gemms
 const IsaKernels& avx512_kernels();
 const IsaKernels& amx_kernels();  // kernels/amx/: avx512's table with AMX tile gemms for prefill
 

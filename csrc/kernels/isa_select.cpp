@@ -4,11 +4,12 @@
 namespace ktmoe {
 namespace {
 
-constexpr const char* kNames[] = {"generic", "avx2", "avx512", "amx"};  // worst to best; amx opt-in only
+constexpr const char* kNames[] = {"generic", "avx2", "avx2_vnni", "avx512", "amx"};  // worst to best; amx opt-in only
 
 // Why `cpu` cannot run the table `name` ("" if it can).
 std::string lacking(const std::string& name, const CpuFeatures& cpu) {
   if (name == "avx2") return cpu.avx2 ? "" : "AVX2+FMA+F16C";
+  if (name == "avx2_vnni") return !cpu.avx2 ? "AVX2+FMA+F16C" : cpu.avx2_vnni ? "" : "AVX-VNNI";
   if (!cpu.avx512) return "AVX-512 F/BW/VL/DQ+BF16+VNNI";
   if (name == "amx" && !cpu.amx) return cpu.amx_missing;
   return "";
@@ -40,15 +41,18 @@ std::string missing_entries(const IsaKernels& k) {
 const IsaKernels* find_isa(const std::string& name, const CpuFeatures& cpu, std::string* why) {
   if (name == "auto") return &best_isa(cpu);
   if (name == "generic") return &generic_kernels();
-  if (name != "avx2" && name != "avx512" && name != "amx") {
-    *why = "unknown ISA '" + name + "' (expected generic, avx2, avx512, amx or auto)";
+  if (name != "avx2" && name != "avx2_vnni" && name != "avx512" && name != "amx") {
+    *why = "unknown ISA '" + name + "' (expected generic, avx2, avx2_vnni, avx512, amx or auto)";
     return nullptr;
   }
   if (const std::string missing = lacking(name, cpu); !missing.empty()) {
     *why = "this CPU lacks " + missing;
     return nullptr;
   }
-  const IsaKernels& k = name == "avx2" ? avx2_kernels() : name == "avx512" ? avx512_kernels() : amx_kernels();
+  const IsaKernels& k = name == "avx2"        ? avx2_kernels()
+                        : name == "avx2_vnni" ? avx2_vnni_kernels()
+                        : name == "avx512"    ? avx512_kernels()
+                                              : amx_kernels();
   if (const std::string nulls = missing_entries(k); !nulls.empty()) {
     *why = "the " + name + " kernels are not complete in this build (null: " + nulls + ")";
     return nullptr;
@@ -58,7 +62,7 @@ const IsaKernels* find_isa(const std::string& name, const CpuFeatures& cpu, std:
 
 const IsaKernels& best_isa(const CpuFeatures& cpu) {
   std::string why;
-  for (const char* name : {"avx512", "avx2"})  // never amx: opt-in until measured on AMX hardware
+  for (const char* name : {"avx512", "avx2_vnni", "avx2"})  // never amx: opt-in until measured on AMX hardware
     if (const IsaKernels* k = find_isa(name, cpu, &why)) return *k;
   return generic_kernels();
 }

@@ -3,7 +3,8 @@
 // An ISA is usable when the CPU has its features (common/cpu_features.h: cpuid +
 // xgetbv, never the compiler's flags) and its table has every entry filled in
 // this build (a table being written has null entries). "auto" is the best
-// usable one: avx512, else avx2, else generic (always usable: the oracle).
+// usable one: avx512, else avx2_vnni (avx2 with AVX-VNNI's vpdpbusd), else avx2, else
+// generic (always usable: the oracle).
 // "amx" (avx512's table with AMX tile gemms for prefill rows) is opt-in only:
 // selectable by name where the CPU has it, never picked by "auto".
 // The ops layer (ops/isa_dispatch.h) adds the KTMOE_ISA default, the per-call
@@ -20,16 +21,16 @@ namespace ktmoe {
 // The names of k's null entries, space separated ("" for a complete table).
 std::string missing_entries(const IsaKernels& k);
 
-// The table of `name` ("generic" | "avx2" | "avx512" | "amx" | "auto") if `cpu` runs it and
-// it is complete in this build; else nullptr and *why ("this CPU lacks AVX2+FMA+F16C",
-// "this CPU lacks AMX-TILE",
+// The table of `name` ("generic" | "avx2" | "avx2_vnni" | "avx512" | "amx" | "auto") if `cpu`
+// runs it and it is complete in this build; else nullptr and *why ("this CPU lacks AVX2+FMA+F16C",
+// "this CPU lacks AVX-VNNI", "this CPU lacks AMX-TILE",
 // "the avx2 kernels are not complete in this build (null: ...)", "unknown ISA ...").
 const IsaKernels* find_isa(const std::string& name, const CpuFeatures& cpu, std::string* why);
 
-// What "auto" picks on `cpu`: avx512, else avx2, else generic.
+// What "auto" picks on `cpu`: avx512, else avx2_vnni, else avx2, else generic.
 const IsaKernels& best_isa(const CpuFeatures& cpu);
 
-// The names of every usable ISA on `cpu`: generic, avx2, avx512, then amx (opt-in).
+// The names of every usable ISA on `cpu`: generic, avx2, avx2_vnni, avx512, then amx (opt-in).
 std::vector<std::string> usable_isa_names(const CpuFeatures& cpu);
 
 }  // namespace ktmoe

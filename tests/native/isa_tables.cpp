@@ -14,7 +14,7 @@ using namespace ktmoe;
 
 std::vector<Isa> usable_isas() {  // the selection the extension uses (kernels/isa_select.h)
   std::vector<Isa> out;
-  for (const char* name : {"generic", "avx2", "avx512", "amx"}) {
+  for (const char* name : {"generic", "avx2", "avx2_vnni", "avx512", "amx"}) {
     std::string why;
     if (const IsaKernels* k = find_isa(name, cpu_features(), &why)) {
       std::printf("INFO isa %s: complete, testing\n", name);

@@ -21,7 +21,8 @@
 // KTMOE_TEST_SEED=n runs the same checks on other random data.
 //
 // One file per kernel family (test_pack, test_gemm, test_activations, test_conversions,
-// test_driver, test_fp8, test_amx), the references they share (reference.h, packed_reference, moe_reference),
+// test_driver, test_fp8, test_amx, test_int4_avx2, test_avx2_vnni), the references they share
+// (reference.h, packed_reference, moe_reference),
 // the ISA tables run (isa_tables) and the check macros (check.h).
 #include <chrono>
 #include <cstdio>
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
   test_amx_gemm(isas, WeightFormat::kINT8, MatrixRole::kPlain, 48, 256, 0, rng);
   test_int4_affine(isas, rng);
   test_int4_avx2(isas, rng);
+  test_avx2_vnni(rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

@@ -48,5 +48,7 @@ void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role
                    int64_t group, Rng& rng);
 // test_int4_avx2.cpp: avx2 gemm_int4 at the int16 range ends, and its bits against generic's.
 void test_int4_avx2(const std::vector<Isa>& isas, Rng& rng);
+// test_avx2_vnni.cpp: the avx2_vnni gemms (both vpdpbusd encodings) against generic's bits, and its choice.
+void test_avx2_vnni(Rng& rng);
 
 }  // namespace ktmoe_test

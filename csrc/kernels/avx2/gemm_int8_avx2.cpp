@@ -23,10 +23,11 @@
 // two blocks per decode tile sharing the broadcasts (15 % slower) and software
 // prefetch 512 / 1024 / 2048 bytes ahead (no gain or slower).
 // Tiles: MR = 4 rows x 1 block (8 int32 accumulators), blocks outer. The int32 sums
-// are exact, so the integers are identical to every other ISA; the epilogue is the
-// generic one (the same multiplies and fmas in the same order), so even the fp32
-// bits agree.
+// are exact, so the integers are identical to every other ISA; the epilogue
+// (gemm_int8_tile.h, shared with avx2_vnni) is the generic one (the same multiplies and
+// fmas in the same order), so even the fp32 bits agree.
 #include "kernels/avx2/avx2_util.h"
+#include "kernels/avx2/gemm_int8_tile.h"
 
 namespace ktmoe {
 namespace avx2 {
@@ -59,45 +60,6 @@ inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, in
   }
 }
 
-// MR rows x one block (wb: its kp/4 k-quads; s: its scale records, 16 fp32 per group),
-// groups of g inputs; c: [MR, ldc], 16 columns.
-template <int MR>
-inline void int8_tile(const uint8_t* wb, int64_t kp, int64_t g, const int8_t* xq, int64_t ldq, const int8_t* xa,
-                      int64_t lda, const float* sx, const float* s, float* c, int64_t ldc) {
-  __m256i acc[MR][2];
-  auto zero = [&] {
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  };
-  const int64_t ngroups = kp / g;
-  if (ngroups == 1) {  // per channel: (sx·s[n])·float(I)
-    zero();
-    int8_quads<MR>(acc, wb, 0, kp / 4, xq, ldq, xa, lda);
-    const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 f = _mm256_set1_ps(sx[r]);
-      _mm256_storeu_ps(c + r * ldc, _mm256_mul_ps(_mm256_mul_ps(f, s0), _mm256_cvtepi32_ps(acc[r][0])));
-      _mm256_storeu_ps(c + r * ldc + 8, _mm256_mul_ps(_mm256_mul_ps(f, s1), _mm256_cvtepi32_ps(acc[r][1])));
-    }
-    return;
-  }
-  __m256 facc[MR][2];
-  for (int r = 0; r < MR; ++r) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
-  for (int64_t G = 0; G < ngroups; ++G) {
-    zero();
-    int8_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xq, ldq, xa, lda);
-    const __m256 s0 = _mm256_loadu_ps(s + G * 16), s1 = _mm256_loadu_ps(s + G * 16 + 8);
-    for (int r = 0; r < MR; ++r) {
-      facc[r][0] = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(acc[r][0]), facc[r][0]);
-      facc[r][1] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(acc[r][1]), facc[r][1]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    const __m256 f = _mm256_set1_ps(sx[r]);
-    _mm256_storeu_ps(c + r * ldc, _mm256_mul_ps(f, facc[r][0]));
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_mul_ps(f, facc[r][1]));
-  }
-}
-
 }  // namespace
 
 // w: packed kINT8; a: int8 rows (kp used) and scales (a.gsum is not read: the dot is
@@ -121,8 +83,14 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
     // block-outer: a block (kp*16 bytes) stays in cache while every row tile reads it
     for (int64_t b = 0; b < nblk; ++b) {
       for_row_tiles(rows, [&](auto mr, int64_t r) {
-        int8_tile<decltype(mr)::value>(wblk + b * blk_bytes, kp, g, xq + r * a.ldq, a.ldq, xa + r * kp, kp,
-                                       sx + r, scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
+        constexpr int MR = decltype(mr)::value;
+        const uint8_t* wb = wblk + b * blk_bytes;
+        const int8_t *xr = xq + r * a.ldq, *xar = xa + r * kp;
+        const auto group_dot = [&](__m256i(&acc)[MR][2], int64_t G) {
+          for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+          int8_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xr, a.ldq, xar, kp);
+        };
+        int8_tile<MR>(kp / g, group_dot, sx + r, scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
       });
     }
   }
