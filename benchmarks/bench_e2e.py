@@ -1,5 +1,10 @@
 """A whole model end to end: greedy decoding eager against hf.compile_decode, tokens/s and time to first token.
 
+``python -m benchmarks.bench_e2e --model scale16 [...]`` runs the 30B-class model (16 layers) instead:
+ours eager, ours compiled and llama.cpp, each from a dropped page cache, cold and steady, both
+routings (benchmarks/scale/e2e.py, which documents its options). What follows is the default,
+``--model tiny``:
+
 ``python -m benchmarks.bench_e2e [--format int8] [--checkpoint PATH] [--prompt-tokens 32 --tokens 32]``
 loads a checkpoint with ``torch_ktmoe.hf.from_pretrained`` in bf16 (by default the demo's random
 Qwen3-MoE, ``ktmoe_harness.checkpoint``: 8 layers, hidden 1024, 32 experts) and times
@@ -22,21 +27,8 @@ import statistics
 import time
 
 from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
-from ktmoe_harness.generate import load_timed, seeded_prompt
+from ktmoe_harness.generate import TokenClock, load_timed, seeded_prompt
 from ktmoe_harness.options import add_model_arguments, add_run_arguments
-
-
-class TokenClock:
-    """A transformers streamer that records when generate emits the prompt and each new token."""
-
-    def __init__(self):
-        self.times = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
 
 
 def timed_generate(model, prompt, new_tokens, options):
@@ -72,13 +64,27 @@ def interleaved(model, prompt, new_tokens, rows, repeats):
             for name, (out, warmup, firsts, gaps) in runs.items()}
 
 
-def main():
+def main(argv=None):
+    pick = argparse.ArgumentParser(add_help=False)
+    pick.add_argument("--model", default="tiny")
+    picked, rest = pick.parse_known_args(argv)
+    if picked.model != "tiny":  # the 30B-class model against llama.cpp: its own options
+        from benchmarks.scale import e2e
+
+        try:
+            layers = e2e.layers_of(picked.model)
+        except ValueError as exc:
+            pick.error(str(exc))
+        return e2e.main(rest, layers)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", help="tiny (this mode; the options below) or scaleN: the 30B-class "
+                    "model with N layers against llama.cpp, cold and steady (benchmarks/scale/e2e.py; "
+                    "--model scale16 --help)")
     add_model_arguments(ap)
     add_run_arguments(ap)
     ap.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled run")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up of each row)")
-    args = ap.parse_args()
+    args = ap.parse_args(rest)
 
     import torch
 

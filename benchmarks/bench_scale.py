@@ -29,44 +29,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 from benchmarks.scale import common as C
+from benchmarks.scale import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GB = 1e9
-
-
-def expected_sizes(layers: int) -> dict:
-    ne = 2 * C.VOCAB * C.H * 2 + layers * (2 * (C.HEADS + C.KV_HEADS) * C.HEAD_DIM * C.H * 2 + C.E * C.H * 2)
-    experts = layers * C.E * 3 * C.H * C.I
-    return dict(ours=int(experts * 1.02 + ne), llama=int(experts * 34 / 32 + ne + C.E * C.H * 2 * layers))
 
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def parse_lines(out: str):
-    rows = []
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return rows
-
-
 def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup, n):
-    rows = parse_lines(out)
+    rows = C.parse_lines(out)
     loaded = next((r for r in rows if r.get("event") == "loaded"), None)
     toks = [r for r in rows if "i" in r]
     res = dict(system=system, routing=routing, limit=limit, rc=rc, wall_s=round(wall, 1), cgroup=stats,
@@ -102,32 +83,21 @@ def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup
     return res
 
 
-def tokens_for(seed: int, n: int) -> str:
-    rng = np.random.default_rng(seed)
-    return ",".join(str(int(t)) for t in rng.integers(3 + 256, C.VOCAB, size=n))
-
-
 def limit_bytes(limit: str):
     return None if limit == "none" else int(float(limit) * C.GIB)
 
 
 def run_one(system, routing, limit, model_path, harness, args):
     C.drop_caches()
-    mi = C.meminfo()
-    page_cache = dict(cached_gb_after_drop=round(mi["Cached"] / GB, 2), free_gb=round(mi["MemFree"] / GB, 2))
-    toks = tokens_for(C.SEED + 7, args.warmup + args.tokens)
-    env = {"PYTHONPATH": ROOT, "OMP_NUM_THREADS": str(args.threads)}
-    if args.omp_wait_policy:
-        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+    page_cache = C.page_cache_state()
+    toks = C.tokens_for(C.SEED + 7, args.warmup + args.tokens)
+    env = C.child_env(args.threads, args.omp_wait_policy)
     if system.startswith("ours"):
         argv = [sys.executable, "-m", "benchmarks.scale.decode_ours", model_path, routing, str(args.threads), toks]
         env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto")
     else:
-        from benchmarks.scale.gen_gguf import set_routing
-
-        set_routing(model_path, routing)
+        argv = C.llama_argv(harness, model_path, routing, args.threads, toks)
         C.drop_caches()
-        argv = [harness, model_path, str(args.threads), toks]
     t_spawn = time.time()
     rc, out, err, wall, stats = C.run_limited(argv, limit_bytes(limit), f"bench_scale_{system}", args.timeout,
                                               env=env, cwd=ROOT)
@@ -147,7 +117,7 @@ def run_anon(limit, args):
             str(args.threads), ""]
     rc, out, err, wall, stats = C.run_limited(argv, limit_bytes(limit), "bench_scale_anon", args.timeout,
                                               env={"PYTHONPATH": ROOT}, cwd=ROOT)
-    rows = [r for r in parse_lines(out) if r.get("event") == "anon_layer"]
+    rows = [r for r in C.parse_lines(out) if r.get("event") == "anon_layer"]
     res = dict(system="ours-anonymous", limit=limit, rc=rc, wall_s=round(wall, 1), layers_packed=len(rows),
                packed_gb=round(rows[-1]["packed_bytes"] / GB, 2) if rows else 0, cgroup=stats,
                load_avg=C.loadavg(), stderr_tail=(err or "")[-400:])
@@ -211,20 +181,17 @@ def main(argv=None):
     limits = [s for s in args.limits.split(",") if s]
     routings = [s for s in args.routings.split(",") if s]
     os.makedirs(args.data, exist_ok=True)
-    packed = os.path.join(args.data, "qwen3moe30b_int8_packed")
-    ggufp = os.path.join(args.data, "qwen3moe30b_q8_0.gguf")
-    sizes = expected_sizes(args.layers)
+    sizes = models.expected_sizes(args.layers)
+    path = {s: models.model_path(args.data, s, args.layers) for s in models.SYSTEMS}
     base = lambda s: "ours" if s.startswith("ours") else s  # noqa: E731
     bases = list(dict.fromkeys(base(s) for s in systems))
-    have = dict(ours=os.path.isfile(os.path.join(packed, "ktmoe_packed.json")) and args.reuse,
-                llama=os.path.isfile(ggufp) and args.reuse)
+    have = {s: args.reuse and models.is_complete(s, path[s], args.layers) for s in models.SYSTEMS}
     free = C.free_disk(args.data)
     margin = 2 * 10**9
     need = {s: (0 if have[s] else sizes[s]) for s in bases}
     together = sum(need.values()) + margin <= free
     # sequentially, a reused model is deleted before the next one is generated (unless --keep)
-    freed = 0 if args.keep else sum(C.dir_bytes(packed) if b == "ours" else os.path.getsize(ggufp)
-                                    for b in bases if have[b])
+    freed = 0 if args.keep else sum(models.disk_bytes(b, path[b]) for b in bases if have[b])
     if max(need.values(), default=0) + margin > free + freed:
         sys.exit(f"bench_scale: {args.data} has {free / GB:.1f} GB free; the models need "
                  + ", ".join(f"{s} {sizes[s] / GB:.1f} GB" for s in bases)
@@ -232,43 +199,23 @@ def main(argv=None):
     log(f"disk: {free / GB:.1f} GB free in {args.data}; models "
         + ", ".join(f"{s} ~{sizes[s] / GB:.1f} GB" for s in bases)
         + (": both fit, alternating systems" if together else ": not together, one system after the other"))
-    harness = None
-    if "llama" in bases:
-        harness = subprocess.run(["bash", os.path.join(ROOT, "benchmarks/scale/build_llama.sh"),
-                                  os.path.join(args.data, "llama")], check=True, capture_output=True,
-                                 text=True, cwd=ROOT).stdout.strip().splitlines()[-1]
+    harness = models.build_llama(args.data) if "llama" in bases else None
     results, gen = [], {}
 
     def generate(system):
         if have[system]:
             return
         log(f"generating {system} model ...")
-        if system == "ours":
-            shutil.rmtree(packed, ignore_errors=True)
-            cmd = [sys.executable, "-m", "benchmarks.scale.gen_packed", packed, "--layers", str(args.layers)]
-        else:
-            cmd = [sys.executable, "-m", "benchmarks.scale.gen_gguf", ggufp, "--layers", str(args.layers)]
-        p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            sys.exit(f"bench_scale: generating the {system} model failed (rc {p.returncode})")
-        gen[system] = json.loads(p.stdout.strip().splitlines()[-1])
-        gen[system]["load_avg"] = C.loadavg()
+        gen[system] = models.generate(system, path[system], args.layers)
         log(json.dumps(gen[system]))
         have[system] = True
 
     def delete(system):
         if args.keep:
             return
-        if system == "ours":
-            shutil.rmtree(packed, ignore_errors=True)
-        else:
-            try:
-                os.remove(ggufp)
-            except FileNotFoundError:
-                pass
+        models.delete(system, path[system])
         have[system] = False
 
-    path = dict(ours=packed, llama=ggufp)
     try:
         if together:
             for b in bases:

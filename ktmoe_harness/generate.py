@@ -1,9 +1,28 @@
 """Running a checkpoint the way the demo and the benchmarks time it.
 
 ``load_timed``: ``torch_ktmoe.hf.from_pretrained`` in bf16 and its wall time; ``seeded_prompt``:
-the same random prompt in every process; ``generate``: greedy decoding with a KV cache.
+the same random prompt in every process; ``generate``: greedy decoding with a KV cache;
+``TokenClock``: a streamer that clocks each token as ``model.generate`` emits it.
 """
 import time
+
+
+class TokenClock:
+    """A transformers streamer that records when generate emits the prompt and each new token
+    (``times``, perf_counter seconds) and, if given, what ``probe()`` returns at that moment (``probes``)."""
+
+    def __init__(self, probe=None):
+        self.times = []
+        self.probes = []
+        self.probe = probe
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+        if self.probe is not None:
+            self.probes.append(self.probe())
+
+    def end(self):
+        pass
 
 
 def load_timed(checkpoint, experts_dir, weight_format, progress=False):

@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -109,6 +108,17 @@ def expert_bytes_per_token_int8() -> float:
     return LAYERS * TOPK * 3 * H * I
 
 
+def nonexpert_read_bytes(layers: int, dtype_bytes: int = 2) -> dict:
+    """Bytes of non-expert weights one decode token reads with `layers` layers: per layer the attention
+    projections, the router and the norms; once the LM head, the final norm and one embedding row."""
+    attention = 2 * (HEADS + KV_HEADS) * HEAD_DIM * H * dtype_bytes
+    router = E * H * dtype_bytes
+    norms = (2 * H + 2 * HEAD_DIM) * dtype_bytes
+    once = (VOCAB * H + 2 * H) * dtype_bytes
+    return dict(attention=layers * attention, router=layers * router, norms=layers * norms, lm_head_and_embedding=once,
+                total=layers * (attention + router + norms) + once)
+
+
 # ---------------------------------------------------------------- machine state
 def free_disk(path: str) -> int:
     os.makedirs(path, exist_ok=True)
@@ -149,6 +159,49 @@ def progress(it, total, desc):
         return tqdm(it, total=total, desc=desc, unit="layer")
     except ImportError:
         return it
+
+
+def page_cache_state() -> dict:
+    mi = meminfo()
+    return dict(cached_gb_after_drop=round(mi["Cached"] / 1e9, 2), free_gb=round(mi["MemFree"] / 1e9, 2))
+
+
+# ---------------------------------------------------------------- child processes
+def tokens_for(seed: int, n: int) -> str:
+    """`n` seeded token ids (comma separated), none of them special or byte tokens: what both systems decode."""
+    rng = np.random.default_rng(seed)
+    return ",".join(str(int(t)) for t in rng.integers(3 + 256, VOCAB, size=n))
+
+
+def child_env(threads: int, omp_wait_policy: str) -> dict:
+    """The environment both systems' children run with: the repo on the path, `threads` OpenMP threads,
+    OMP_WAIT_POLICY (both are OpenMP programs; '' leaves the default)."""
+    env = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+           "OMP_NUM_THREADS": str(threads)}
+    if omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
+    return env
+
+
+def llama_argv(harness: str, gguf_path: str, routing: str, threads: int, tokens: str, prompt_tokens: int = 1):
+    """argv of llama.cpp's decode harness; first sets the GGUF's routing (which reads pages: drop after)."""
+    from benchmarks.scale.gen_gguf import set_routing
+
+    set_routing(gguf_path, routing)
+    return [harness, gguf_path, str(threads), tokens, str(prompt_tokens)]
+
+
+def parse_lines(out: str) -> list:
+    """The JSON objects a child printed, one a line (other lines skipped)."""
+    rows = []
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
 
 
 def run_limited(argv, limit_bytes, name, timeout, env=None, cwd=None):

@@ -56,6 +56,24 @@ def anon_pack(n_layers: int, threads: int):
     emit(event="anon_done")
 
 
+def load_model(path: str, routing: str):
+    """The packed directory as transformers' Qwen3MoeForCausalLM, experts mapped from their files
+    (KTMoE's defaults: warm="auto", and prefetch="auto" unless KTMOE_SCALE_PREFETCH=off), the non-expert
+    weights in KTMOE_SCALE_DTYPE, `routing` set in the embedding's popularity channel (common.py)."""
+    import torch
+
+    from benchmarks.scale import common as C
+    from torch_ktmoe import hf
+
+    dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
+    prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
+    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
+    model.eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, C.D0] = C.ZIPF_C if routing == "zipf" else 0.0
+    return model
+
+
 def main():
     path, routing, threads, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if path == "--anon-pack":
@@ -64,16 +82,11 @@ def main():
 
     torch.set_num_threads(threads)
     from benchmarks.scale import common as C
-    from torch_ktmoe import hf
 
     t0 = time.time()
-    dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
-    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
+    model = load_model(path, routing)
     prefetching = all(m.prefetching for m in model.modules() if hasattr(m, "prefetching"))
-    model.eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, C.D0] = C.ZIPF_C if routing == "zipf" else 0.0
     counts = torch.zeros(C.LAYERS, C.E, dtype=torch.int64)
     layers = model.model.layers
 

@@ -1,9 +1,10 @@
 // T=1 greedy-computed decode through llama.cpp (libllama), default mmap: the llama.cpp side of
-// benchmarks/bench_scale.py. Feeds the given token ids one at a time (real attention and KV cache),
-// takes the argmax of every step's logits, and prints one JSON line per token: wall time of the
-// decode call, cumulative major/minor faults (getrusage), and the wall clock at the end of the first
-// token (for time to first token from process start, measured by the parent).
-//   llama_decode MODEL.gguf THREADS TOKENS(comma separated)
+// benchmarks/bench_scale.py and bench_e2e --model scaleN. Decodes the first PROMPT token ids as one
+// batch (the prompt; default 1), then the rest one at a time (real attention and KV cache), takes the
+// argmax of every step's logits, and prints one JSON line per step: wall time of the decode call,
+// cumulative major/minor faults (getrusage), and the wall clock at its end (for time to first token
+// from process start, measured by the parent).
+//   llama_decode MODEL.gguf THREADS TOKENS(comma separated) [PROMPT]
 #include "llama.h"
 
 #include <sys/resource.h>
@@ -28,12 +29,17 @@ static void quiet(ggml_log_level level, const char * text, void *) {
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf THREADS TOKENS\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf THREADS TOKENS [PROMPT]\n", argv[0]);
         return 2;
     }
     const int threads = atoi(argv[2]);
     std::vector<llama_token> tokens;
     for (char * p = strtok(argv[3], ","); p; p = strtok(nullptr, ",")) tokens.push_back(atoi(p));
+    const size_t prompt = argc > 4 ? (size_t) atoi(argv[4]) : 1;
+    if (prompt < 1 || prompt > tokens.size() || prompt > 512) {
+        fprintf(stderr, "PROMPT must be 1..min(512, number of tokens), got %s\n", argc > 4 ? argv[4] : "1");
+        return 2;
+    }
     llama_log_set(quiet, nullptr);
     llama_backend_init();
     const double t_start = now_s();
@@ -53,10 +59,11 @@ int main(int argc, char ** argv) {
     printf("{\"event\": \"loaded\", \"load_s\": %.3f, \"majflt\": %ld, \"minflt\": %ld, \"t\": %.6f}\n",
            now_s() - t_start, ru.ru_majflt, ru.ru_minflt, now_s());
     fflush(stdout);
-    for (size_t i = 0; i < tokens.size(); i++) {
-        llama_token tok = tokens[i];
+    for (size_t i = 0, pos = 0; pos < tokens.size(); i++) {
+        const int n = i == 0 ? (int) prompt : 1;
         const double t0 = now_s();
-        if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+        if (llama_decode(ctx, llama_batch_get_one(&tokens[pos], n)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+        pos += n;
         const float * logits = llama_get_logits_ith(ctx, -1);
         int best = 0;
         for (int v = 1; v < n_vocab; v++) if (logits[v] > logits[best]) best = v;
