@@ -1,23 +1,31 @@
-// [NOTE] Microbenchmark of the avx512 fp8 decode (gemm_fp8_avx512.cpp): variants of the
-// decode tile timed alternately in one process, cold and hot, M = 1 and M = 32.
+// [NOTE] Microbenchmark of the avx512 decode tiles of fp8 and int4_affine
+// (gemm_decoded_avx512.h): variants timed alternately in one process, cold and hot.
 //
 // Build and run (from the repository root; flags = csrc/isa_flags.json's avx512 row):
 //   g++ -O3 -std=c++17 -fopenmp -Icsrc $(python -c "import json;print(' '.join(json.load(
-//     open('csrc/isa_flags.json'))['avx512']))") benchmarks/fp8_decode_micro.cpp
-//     csrc/kernels/avx512/gemm_fp8_avx512.cpp -o build/fp8_decode_micro
-//   build/fp8_decode_micro [rounds=15] [threads=1]
+//     open('csrc/isa_flags.json'))['avx512']))") benchmarks/fp8_decode_micro.cpp -o build/fp8_decode_micro
+//   build/fp8_decode_micro [rounds=15] [threads=1] [variants: comma-separated substrings, "" = all] [M=1]
+// It includes the two kernel files themselves, so the variants run the library's
+// decoders and tile loops, with the decode tiles' prefetch distance as a template
+// argument (0: none; the entry points gemm_fp8 / gemm_int4_affine: kDecodeAhead).
+//
+// Variants: the library with and without its prefetch and at other distances; the
+// same accesses with no decode ("READ ONLY": the access pattern's own roof); fp8 in a
+// k-quad layout (64 bytes per 4 consecutive k of a block, byte (n%16)*4 + k%4: one
+// load, vpsraw / vpsllw + vpternlogd, 5 ops per 64 weights instead of 6 plus two more
+// loads; the activations permuted per quad), with and without its subnormal test (the
+// test's cost bound; "wrong" for e = 0 bytes).
 //
 // Working set: E = 64 experts of the reference shape (gate_up 1536 x 2048, down
-// 2048 x 768, group 128: 4.7 MB each, 300 MB in all, >> the 32 MiB L3), once in the
-// pair layout the library packs (fp8_format.h) and once in the k-quad layout the
-// "quad" variants read (64 bytes per 4 consecutive k of a block: byte (n%16)*4 + k%4).
-// A cold forward is 8 experts, gate_up then down, in the driver's items (8 blocks of
-// gate_up, 20 of down per gemm call, at T = 1 about 256 KiB each), the experts taken
-// in turn so that a round of 8 forwards walks all 64: every variant reads weights the
-// others evicted. A hot forward is one 512 KiB item (L2) again and again. Prefill: m =
-// 32 rows (the driver's kTokenTile) over 512 KiB items of one expert. Each round runs
-// every variant once; the table gives min and median ms per forward over the rounds,
-// and GB/s of fp8 weights (+ scales) at the median.
+// 2048 x 768, group 128; fp8 4.7 MB an expert, 300 MB in all, >> the 32 MiB L3), in
+// each layout. Cold: rounds of 8 forwards that walk all 64 experts (every variant
+// reads weights the others evicted), gate_up then down in the driver's decode items
+// (about 256 KiB, a multiple of 4 blocks), taken by the threads from a shared counter.
+// On 1 thread each expert is one sample (x 8: ms per forward; short samples are rarely
+// preempted on a shared host), else each forward; the table gives p10 and median, GB/s
+// of the layout's bytes at p10, and that against the read roof (a streaming read of
+// the same fp8 weights in the same rounds, at p10). Hot: one 512 KiB item per thread
+// (in L2) 64 times. M = 32: 512 KiB items of 2 experts (the driver's prefill tiles).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -31,88 +39,14 @@
 #include <string>
 #include <vector>
 
-#include "kernels/avx512/gemm_decoded_avx512.h"
-#include "kernels/fp8_format.h"
-#include "kernels/isa_kernels.h"
-
-namespace ktmoe {
-namespace avx512 {
-void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
-              float* c, int64_t ldc);
-}
-}  // namespace ktmoe
+// The library's avx512 decoders themselves (their anonymous-namespace structs become this file's).
+#include "kernels/avx512/gemm_fp8_avx512.cpp"
+#include "kernels/avx512/gemm_int4_affine_avx512.cpp"
 
 using namespace ktmoe;
 using namespace ktmoe::avx512;
 
 namespace {
-
-struct SubnormalFix {
-  alignas(64) uint16_t v[32] = {};
-  constexpr SubnormalFix() {
-    for (int m = 0; m < 8; ++m) v[m] = uint16_t(e4m3_subnormal_scaled_bf16(m) - (0x3800 | (m << 4)));
-  }
-};
-constexpr SubnormalFix kFix;
-
-inline __m512 scale16(const uint8_t* scales, int64_t ngroups, int64_t b, int64_t g) {
-  const float* s = reinterpret_cast<const float*>(scales + (b * ngroups + g) * kFp8ScaleBytes);
-  return _mm512_mul_ps(_mm512_loadu_ps(s), _mm512_set1_ps(kE4m3KernelScale));
-}
-
-// The pair layout (as gemm_fp8_avx512.cpp's decoder).
-struct PairDec {
-  static constexpr bool kRowSums = false;
-  static constexpr int64_t kStepBytes = 64;
-  const uint8_t* scales;
-  int64_t ngroups;
-  __m512i keep = _mm512_set1_epi16(int16_t(0x87F0)), bias = _mm512_set1_epi16(0x3800);
-  __m512i expo = _mm512_set1_epi16(0x0078), expo8 = _mm512_set1_epi8(0x78);
-  __m512i fix = _mm512_load_si512(kFix.v);
-  PairDec(const uint8_t* s, int64_t ng) : scales(s), ngroups(ng) {}
-  static inline __m512i widen(const uint8_t* p) {
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  inline __m512i normal(__m512i s) const {
-    return _mm512_ternarylogic_epi32(_mm512_slli_epi16(s, 4), keep, bias, 0xEA);
-  }
-  template <int NB>
-  struct Step {
-    const uint8_t* w;
-    int64_t bstride;
-    bool any;
-  };
-  template <int NB>
-  inline Step<NB> step(const uint8_t* w, int64_t bstride, int64_t p) const {
-    __mmask64 any = 0;
-#pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) any |= _mm512_testn_epi8_mask(_mm512_loadu_si512(w + j * bstride + p * 32), expo8);
-    return {w + p * 32, bstride, any != 0};
-  }
-  template <int NB>
-  inline __m512i pair(const Step<NB>& st, int h, int j) const {
-    const __m512i s = widen(st.w + j * st.bstride + h * 32);
-    const __m512i r = normal(s);
-    if (__builtin_expect(st.any, 0))
-      return _mm512_mask_add_epi16(r, _mm512_testn_epi16_mask(s, expo), r, _mm512_permutexvar_epi16(s, fix));
-    return r;
-  }
-  inline void pairs(const uint8_t* p, int64_t n, uint8_t* out) const {
-    for (int64_t i = 0; i < n; i += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + i * 32 + decoded::kPChunk * 32), _MM_HINT_T0);
-      const bool any = _mm512_testn_epi8_mask(_mm512_loadu_si512(p + i * 32), expo8) != 0;
-      for (int h = 0; h < 2; ++h) {
-        const __m512i s = widen(p + (i + h) * 32);
-        __m512i r = normal(s);
-        if (__builtin_expect(any, 0))
-          r = _mm512_mask_add_epi16(r, _mm512_testn_epi16_mask(s, expo), r, _mm512_permutexvar_epi16(s, fix));
-        _mm512_store_si512(out + (i + h) * 64, r);
-      }
-    }
-  }
-  inline __m512 scale(int64_t b, int64_t g) const { return scale16(scales, ngroups, b, g); }
-  inline __m512 offset(int64_t, int64_t) const { return _mm512_setzero_ps(); }
-};
 
 // The k-quad layout: one 64-byte load per 4 k of a block; pair h = 0 is (k0, k2), h = 1
 // is (k1, k3) of each column, so the activations are permuted per quad to (a0 a2 a1 a3).
@@ -125,7 +59,7 @@ struct QuadDec {
   int64_t ngroups;
   __m512i keep = _mm512_set1_epi16(int16_t(0x87F0)), bias = _mm512_set1_epi16(0x3800);
   __m512i expo_lo = _mm512_set1_epi16(0x0078), expo_hi = _mm512_set1_epi16(0x7800), expo8 = _mm512_set1_epi8(0x78);
-  __m512i fix = _mm512_load_si512(kFix.v);
+  __m512i fix = _mm512_load_si512(kSubnormalFix.v);
   QuadDec(const uint8_t* s, int64_t ng) : scales(s), ngroups(ng) {}
   // bf16 of the high byte of every word (value * 2^-8), exact for e > 0.
   inline __m512i high(__m512i x) const {
@@ -177,77 +111,12 @@ struct QuadDec {
       _mm512_store_si512(out + (i + 1) * 64, hi(x, any));
     }
   }
-  inline __m512 scale(int64_t b, int64_t g) const { return scale16(scales, ngroups, b, g); }
+  inline __m512 scale(int64_t b, int64_t g) const {
+    const float* s = reinterpret_cast<const float*>(scales + (b * ngroups + g) * kFp8ScaleBytes);
+    return _mm512_mul_ps(_mm512_loadu_ps(s), _mm512_set1_ps(kE4m3KernelScale));
+  }
   inline __m512 offset(int64_t, int64_t) const { return _mm512_setzero_ps(); }
 };
-
-// Prefetch policies of the decode tile: none; the next tile's NB block starts (kStartLines
-// lines each, spread over the tile's first steps); a stream kDist bytes ahead that wraps
-// into the next tile's block j.
-enum Pf { kNone = 0, kNextStarts = 1, kAhead = 2, kAheadL2 = 3, kAheadL2NoWrap = 4, kAheadL2Matrix = 5 };
-
-template <class Dec, int MR, int NB, int PF, int kDist>
-__attribute__((noinline)) void dtile(const Dec& dec, const decoded::Ctx& x, const uint8_t* a, int64_t astride,
-                                     int64_t b, bool last, float* c, int64_t ldc) {
-  const uint8_t* w = x.data + b * x.bstride;
-  const uint8_t* nxt = w + NB * x.bstride;
-  const int64_t np = x.ngroups * x.spg;
-  for (int64_t g = 0; g < x.ngroups; ++g) {
-    __m512 acc[MR][NB];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t p = g * x.spg; p < (g + 1) * x.spg; p += 2) {
-      if constexpr (PF == kNextStarts) {
-        // lines l < kDist/64 of each next block, one line per step per block
-        const int64_t l = p / 2;
-        if (l < kDist / 64 && !last) {
-#pragma GCC unroll 8
-          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(nxt + j * x.bstride + l * 64), _MM_HINT_T0);
-        }
-      } else if constexpr (PF == kAhead || PF == kAheadL2 || PF == kAheadL2NoWrap || PF == kAheadL2Matrix) {
-        constexpr auto hint = PF == kAhead ? _MM_HINT_T0 : _MM_HINT_T1;
-        const int64_t o = p * 32 + kDist;
-        if (o < x.bstride) {
-#pragma GCC unroll 8
-          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + j * x.bstride + o), hint);
-        } else if (PF != kAheadL2NoWrap && !last) {
-#pragma GCC unroll 8
-          for (int j = 0; j < NB; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(nxt + j * x.bstride + (o - x.bstride)), hint);
-        }
-      }
-      const auto st = dec.template step<NB>(w, x.bstride, p);
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        __m512i wv[NB];
-#pragma GCC unroll 8
-        for (int j = 0; j < NB; ++j) wv[j] = dec.pair(st, h, j);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-          const __m512bh av = (__m512bh)bcast32(a + i * astride + (p + h) * 4);
-#pragma GCC unroll 8
-          for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, (__m512bh)wv[j]);
-        }
-      }
-    }
-    decoded::group_end<Dec, MR, NB>(dec, x, nullptr, b, g, acc, c, ldc);
-  }
-  (void)np;
-}
-
-template <class Dec, int MR, int NBMAX, int PF, int kDist>
-void decode_rows(const Dec& dec, const decoded::Ctx& x, const uint8_t* a, int64_t astride, int64_t b0, int64_t b1,
-                 float* c, int64_t ldc, int64_t nbt) {
-  const int64_t lim = PF == kAheadL2Matrix ? nbt : b1;  // the next tile is prefetched up to here
-  int64_t b = b0;
-  if constexpr (NBMAX >= 8)
-    for (; b + 8 <= b1; b += 8) dtile<Dec, MR, 8, PF, kDist>(dec, x, a, astride, b, b + 16 > lim, c + (b - b0) * 16, ldc);
-  for (; b + 4 <= b1; b += 4) dtile<Dec, MR, 4, PF, kDist>(dec, x, a, astride, b, b + 8 > lim, c + (b - b0) * 16, ldc);
-  for (; b + 2 <= b1; b += 2) dtile<Dec, MR, 2, PF, kDist>(dec, x, a, astride, b, true, c + (b - b0) * 16, ldc);
-  for (; b < b1; ++b) dtile<Dec, MR, 1, PF, kDist>(dec, x, a, astride, b, true, c + (b - b0) * 16, ldc);
-}
 
 // a: bf16 rows; quad: permute every 4 k to (0 2 1 3) first (a thread-local copy).
 inline const uint16_t* quad_activations(const uint16_t* a, int64_t lda, int64_t m, int64_t kp, int64_t* ld_out) {
@@ -264,18 +133,36 @@ inline const uint16_t* quad_activations(const uint16_t* a, int64_t lda, int64_t 
   return out;
 }
 
-template <int kQuad, int NBMAX, int PF, int kDist>
-void gemm_variant(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
-                  float* c, int64_t ldc) {
+// fp8 (the library's decoder and tiles) with the decode tiles' prefetch kAhead bytes ahead.
+template <int64_t kAhead>
+void fp8_ahead(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
+               float* c, int64_t ldc) {
   const int64_t kp = w->kp, ngroups = kp / w->group;
-  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2, nullptr};
-  using Dec = std::conditional_t<kQuad != 0, QuadDec<kQuad == 1>, PairDec>;
-  const Dec dec(packed_scales(w), ngroups);
-  if constexpr (kQuad) a = quad_activations(a, lda, m, kp, &lda);
-  const auto* ab = reinterpret_cast<const uint8_t*>(a);
-  if (m == 1) return decode_rows<Dec, 1, NBMAX, PF, kDist>(dec, x, ab, lda * 2, b0, b1, c, ldc, w->np / 16);
-  if (m == 2) return decode_rows<Dec, 2, 4, PF, kDist>(dec, x, ab, lda * 2, b0, b1, c, ldc, w->np / 16);
-  decoded::gemm_prefill(dec, x, kp, a, lda, m, b0, b1, c, ldc);
+  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2, nullptr, w->np / 16};
+  decoded::gemm<Fp8Decoder, kAhead>(Fp8Decoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
+}
+
+// fp8 in the k-quad layout (kTest false: no subnormal test, the bound of its cost).
+template <bool kTest, int64_t kAhead>
+void quad_ahead(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
+                float* c, int64_t ldc) {
+  const int64_t kp = w->kp, ngroups = kp / w->group;
+  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2, nullptr, w->np / 16};
+  a = quad_activations(a, lda, m, kp, &lda);
+  decoded::gemm<QuadDec<kTest>, kAhead>(QuadDec<kTest>(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
+}
+
+// int4_affine (the library's decoder, row sums and tiles) with the prefetch kAhead bytes ahead.
+template <int64_t kAhead>
+void int4a_ahead(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
+                 float* c, int64_t ldc) {
+  const int64_t kp = w->kp, group = w->group, ngroups = kp / group;
+  static thread_local decoded::Scratch xbuf;
+  float* xs = reinterpret_cast<float*>(xbuf.at_least(size_t(m * ngroups) * 4));
+  row_group_sums(a, lda, m, group, ngroups, xs);
+  const decoded::Ctx x{packed_data(w), int4a_block_data_bytes(kp), ngroups, group / 2, xs, w->np / 16};
+  decoded::gemm<Int4AffineDecoder, kAhead>(Int4AffineDecoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c,
+                                           ldc);
 }
 
 // Reads only (no decode): blocks [b0, b1) of w as the decode tiles walk them (NB streams
@@ -308,81 +195,97 @@ void read_pattern(const PackedMatrixHeader* w, const uint16_t*, int64_t, int64_t
 using GemmFn = void (*)(const PackedMatrixHeader*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*,
                         int64_t);
 
+// Weight layouts of the variants.
+enum Layout { kPair = 0, kQuad = 1, kInt4A = 2 };
+
 struct Variant {
   const char* name;
   GemmFn fn;
-  bool quad;
+  Layout layout;
 };
 
-uint8_t* alloc64(size_t n) {
+uint8_t* alloc_pages(size_t n) {
   void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
   if (!p) std::abort();
   return static_cast<uint8_t*>(p);
 }
 
-PackedMatrixHeader header(MatrixRole role, int64_t n, int64_t k) {
+// A hand-built header with the packer's offsets: group 128, np = n, kp = k.
+PackedMatrixHeader header(Layout layout, MatrixRole role, int64_t n, int64_t k) {
   PackedMatrixHeader h{};
-  h.magic = kPackedMagic, h.version = kPackedVersion, h.format = uint8_t(WeightFormat::kFP8);
+  h.magic = kPackedMagic, h.version = kPackedVersion;
+  h.format = uint8_t(layout == kInt4A ? WeightFormat::kINT4A : WeightFormat::kFP8);
   h.role = uint8_t(role), h.n = int32_t(n), h.k = int32_t(k), h.np = int32_t(n), h.kp = int32_t(k);
   h.group = 128, h.data_offset = 64;
-  h.scale_offset = 64 + n * k;
-  h.total_bytes = h.scale_offset + fp8_scale_bytes(n, k, 128);
+  h.scale_offset = 64 + (layout == kInt4A ? n * k / 2 : n * k);
+  h.total_bytes = h.scale_offset + (layout == kInt4A ? int4a_scale_bytes(n, k, 128) : fp8_scale_bytes(n, k, 128));
   return h;
 }
 
-// E experts x (gate_up, down), pair and quad layouts of the same bytes.
+// E experts x (gate_up, down) in each layout: fp8 pair and quad hold the same bytes.
 struct Weights {
   int64_t E;
-  PackedMatrixHeader hgu, hdn;
-  uint8_t *pair, *quad;
-  int64_t expert_bytes;
-  const PackedMatrixHeader* gu(bool q, int64_t e) const {
-    return reinterpret_cast<const PackedMatrixHeader*>((q ? quad : pair) + e * expert_bytes);
+  PackedMatrixHeader hgu[3], hdn[3];
+  uint8_t* buf[3];
+  int64_t expert_bytes[3];
+  const PackedMatrixHeader* gu(Layout l, int64_t e) const {
+    return reinterpret_cast<const PackedMatrixHeader*>(buf[l] + e * expert_bytes[l]);
   }
-  const PackedMatrixHeader* dn(bool q, int64_t e) const {
-    return reinterpret_cast<const PackedMatrixHeader*>((q ? quad : pair) + e * expert_bytes + hgu.total_bytes);
+  const PackedMatrixHeader* dn(Layout l, int64_t e) const {
+    return reinterpret_cast<const PackedMatrixHeader*>(buf[l] + e * expert_bytes[l] + hgu[l].total_bytes);
   }
 };
 
-void fill_matrix(const PackedMatrixHeader& h, const std::vector<uint8_t>& pool, std::mt19937_64& rng, uint8_t* pair,
-                 uint8_t* quad) {
-  std::memcpy(pair, &h, 64);
-  std::memcpy(quad, &h, 64);
-  const int64_t data = int64_t(h.np) * h.kp;
-  const int64_t off = int64_t(rng() % (pool.size() - data));
-  std::memcpy(pair + 64, pool.data() + off, size_t(data));
-  const int64_t kp = h.kp, nb = h.np / 16;
+// One matrix in the three layouts: e4m3 bytes from pool (pair, and the same bytes as
+// k-quads), random nibbles; fp32 scales in [0.5, 1) * 1e-3, int4_affine zero points 8.
+void fill_matrix(const Weights& W, bool down, int64_t e, const std::vector<uint8_t>& pool, std::mt19937_64& rng) {
+  uint8_t* m[3];
+  for (int l = 0; l < 3; ++l) {
+    const PackedMatrixHeader& h = down ? W.hdn[l] : W.hgu[l];
+    m[l] = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(down ? W.dn(Layout(l), e) : W.gu(Layout(l), e)));
+    std::memcpy(m[l], &h, 64);
+  }
+  const PackedMatrixHeader& h = down ? W.hdn[0] : W.hgu[0];
+  const int64_t data = int64_t(h.np) * h.kp, kp = h.kp, nb = h.np / 16;
+  std::memcpy(m[kPair] + 64, pool.data() + rng() % (pool.size() - data), size_t(data));
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* src = pair + 64 + b * kp * 16;
-    uint8_t* dst = quad + 64 + b * kp * 16;
+    const uint8_t* src = m[kPair] + 64 + b * kp * 16;
+    uint8_t* dst = m[kQuad] + 64 + b * kp * 16;
     for (int64_t k = 0; k < kp; ++k)
       for (int64_t n = 0; n < 16; ++n) dst[(k / 4) * 64 + n * 4 + k % 4] = src[(k / 2) * 32 + n * 2 + k % 2];
   }
+  for (int64_t i = 0; i < data / 2; ++i) m[kInt4A][64 + i] = uint8_t(rng());
   std::uniform_real_distribution<float> u(0.5f, 1.0f);
-  float* s = reinterpret_cast<float*>(pair + h.scale_offset);
+  float* s = reinterpret_cast<float*>(m[kPair] + h.scale_offset);
   const int64_t ns = fp8_scale_bytes(h.np, h.kp, h.group) / 4;
   for (int64_t i = 0; i < ns; ++i) s[i] = u(rng) * 1e-3f;
-  std::memcpy(quad + h.scale_offset, pair + h.scale_offset, size_t(ns) * 4);
+  std::memcpy(m[kQuad] + h.scale_offset, s, size_t(ns) * 4);
+  const PackedMatrixHeader& h4 = down ? W.hdn[kInt4A] : W.hgu[kInt4A];
+  for (int64_t r = 0; r < nb * (kp / 128); ++r) {
+    uint8_t* rec = m[kInt4A] + h4.scale_offset + r * kInt4AffineRecordBytes;
+    for (int j = 0; j < 16; ++j) {
+      const float v = u(rng) * 1e-3f;
+      std::memcpy(rec + 4 * j, &v, 4);
+      rec[kInt4AffineZeroAt + j] = kInt4AffineSymmetricZero;
+    }
+  }
 }
 
 Weights make_weights(int64_t E) {
   Weights W;
   W.E = E;
-  W.hgu = header(MatrixRole::kGateUp, 1536, 2048);
-  W.hdn = header(MatrixRole::kDown, 2048, 768);
-  W.expert_bytes = W.hgu.total_bytes + W.hdn.total_bytes;
-  W.pair = alloc64(size_t(E * W.expert_bytes));
-  W.quad = alloc64(size_t(E * W.expert_bytes));
+  for (int l = 0; l < 3; ++l) {
+    W.hgu[l] = header(Layout(l), MatrixRole::kGateUp, 1536, 2048);
+    W.hdn[l] = header(Layout(l), MatrixRole::kDown, 2048, 768);
+    W.expert_bytes[l] = W.hgu[l].total_bytes + W.hdn[l].total_bytes;
+    W.buf[l] = alloc_pages(size_t(E * W.expert_bytes[l]));
+  }
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<uint8_t> pool(8 << 20);
   for (auto& b : pool) b = e4m3_from_float(nd(rng) * 100.f);  // N(0,1) weights, max |q| ~ 448 at 4.5 sigma
-  for (int64_t e = 0; e < E; ++e) {
-    uint8_t* p = W.pair + e * W.expert_bytes;
-    uint8_t* q = W.quad + e * W.expert_bytes;
-    fill_matrix(W.hgu, pool, rng, p, q);
-    fill_matrix(W.hdn, pool, rng, p + W.hgu.total_bytes, q + W.hgu.total_bytes);
-  }
+  for (int64_t e = 0; e < E; ++e)
+    for (bool down : {false, true}) fill_matrix(W, down, e, pool, rng);
   return W;
 }
 
@@ -391,25 +294,28 @@ struct Item {
   int64_t b0, b1;
 };
 
-// The items of one phase (gate_up or down) for experts es, blocks per item nb.
-std::vector<Item> items(const Weights& W, bool q, const std::vector<int64_t>& es, bool down, int64_t nb) {
+// The items of one phase (gate_up or down) for experts es: blocks of about 256 KiB, a
+// multiple of 4 (the driver's decode items), or of `bytes`.
+std::vector<Item> items(const Weights& W, Layout l, const std::vector<int64_t>& es, bool down,
+                        int64_t bytes = 256 << 10) {
   std::vector<Item> out;
   for (int64_t e : es) {
-    const PackedMatrixHeader* h = down ? W.dn(q, e) : W.gu(q, e);
-    for (int64_t b = 0; b < h->np / 16; b += nb) out.push_back({h, b, std::min<int64_t>(b + nb, h->np / 16)});
+    const PackedMatrixHeader* h = down ? W.dn(l, e) : W.gu(l, e);
+    const int64_t nblocks = h->np / 16, nb = std::max<int64_t>(4, bytes / (h->kp * 16 * (l == kInt4A ? 1 : 2) / 2) / 4 * 4);
+    for (int64_t b = 0; b < nblocks; b += nb) out.push_back({h, b, std::min(b + nb, nblocks)});
   }
   return out;
 }
 
-// Runs the items on `threads` threads, contiguous halves (as at::parallel_for with grain 1).
+// Runs the items on `threads` threads that take them from a shared counter (the driver's for_each_item).
 void run_items(const std::vector<Item>& its, GemmFn fn, const uint16_t* a, int64_t lda, int64_t m, float* c,
                int threads) {
+  int64_t next = 0;
 #pragma omp parallel num_threads(threads)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t n = int64_t(its.size()), i0 = n * t / nt, i1 = n * (t + 1) / nt;
-    float* ct = c + size_t(t) * (64 << 10);
-    for (int64_t i = i0; i < i1; ++i) fn(its[i].w, a, lda, m, its[i].b0, its[i].b1, ct, 16 * (its[i].b1 - its[i].b0));
+    float* ct = c + size_t(omp_get_thread_num()) * (64 << 10);
+    for (int64_t i; (i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < int64_t(its.size());)
+      fn(its[i].w, a, lda, m, its[i].b0, its[i].b1, ct, 16 * (its[i].b1 - its[i].b0));
   }
 }
 
@@ -447,53 +353,72 @@ double read_pass(const uint8_t* p, int64_t bytes, int threads) {
   return double(sink);
 }
 
+// Every variant against its layout's library kernel on expert 0 (M = 1, 2, 32): the
+// prefetch variants must give the same bits, the k-quad ones agree within 1e-5 (another
+// pairing of the k in vdpbf16ps), the reads and "wrong" ones are not checked.
+void check(const Weights& W, const std::vector<Variant>& vs, const uint16_t* x, int64_t ldx, const uint16_t* h,
+           int64_t ldh) {
+  for (const auto& v : vs) {
+    if (std::strstr(v.name, "READ") || std::strstr(v.name, "wrong")) continue;
+    const Layout ref = v.layout == kInt4A ? kInt4A : kPair;
+    const GemmFn lib = v.layout == kInt4A ? &avx512::gemm_int4_affine : &avx512::gemm_fp8;
+    for (int64_t m : {1, 2, 32})
+      for (bool down : {false, true}) {
+        const PackedMatrixHeader* hr = down ? W.dn(ref, 0) : W.gu(ref, 0);
+        const PackedMatrixHeader* hv = down ? W.dn(v.layout, 0) : W.gu(v.layout, 0);
+        const int64_t nb = hr->np / 16, n = hr->np;
+        std::vector<float> want(size_t(m * n)), got(size_t(m * n));
+        lib(hr, down ? h : x, down ? ldh : ldx, m, 0, nb, want.data(), n);
+        v.fn(hv, down ? h : x, down ? ldh : ldx, m, 0, nb, got.data(), n);
+        double worst = 0, scale = 0;
+        for (float f : want) scale = std::max(scale, double(std::fabs(f)));
+        for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / scale);
+        const bool same = std::memcmp(want.data(), got.data(), want.size() * 4) == 0;
+        if (v.layout == kQuad ? worst > 1e-5 : !same)
+          std::printf("MISMATCH %s m=%lld down=%d: %.3g\n", v.name, (long long)m, int(down), worst);
+      }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
-  const char* only = argc > 3 ? argv[3] : nullptr;
+  const char* only = argc > 3 && argv[3][0] ? argv[3] : nullptr;  // comma-separated substrings of variant names
+  const int64_t mc = argc > 4 ? std::atoi(argv[4]) : 1;           // rows of the cold (and hot) decode, 1..32
   const int64_t E = 64, topk = 8;
   const Weights W = make_weights(E);
   const std::vector<Variant> all = {
-      {"real (pair, NB4)", &avx512::gemm_fp8, false},
-      {"READ ONLY: 4 streams/tile", &read_pattern<4, false>, false},
-      {"READ ONLY: sequential", &read_pattern<4, true>, false},
-      {"pair NB4", &gemm_variant<0, 4, kNone, 0>, false},
-      {"pair NB4 next-starts 16l", &gemm_variant<0, 4, kNextStarts, 1024>, false},
-      {"pair NB4 ahead 2K", &gemm_variant<0, 4, kAhead, 2048>, false},
-      {"pair NB4 aheadL2 1K", &gemm_variant<0, 4, kAheadL2, 1024>, false},
-      {"pair NB4 aheadL2 1.5K", &gemm_variant<0, 4, kAheadL2, 1536>, false},
-      {"pair NB4 aheadL2 2K", &gemm_variant<0, 4, kAheadL2, 2048>, false},
-      {"pair NB4 aheadL2 3K", &gemm_variant<0, 4, kAheadL2, 3072>, false},
-      {"pair NB4 aheadL2 4K", &gemm_variant<0, 4, kAheadL2, 4096>, false},
-      {"pair NB4 aheadL2 8K", &gemm_variant<0, 4, kAheadL2, 8192>, false},
-      {"pair NB4 aheadL2-nowrap 2K", &gemm_variant<0, 4, kAheadL2NoWrap, 2048>, false},
-      {"pair NB4 aheadL2-matrix 2K", &gemm_variant<0, 4, kAheadL2Matrix, 2048>, false},
-      {"pair NB8", &gemm_variant<0, 8, kNone, 0>, false},
-      {"pair NB8 aheadL2 2K", &gemm_variant<0, 8, kAheadL2, 2048>, false},
-      {"quad NB4", &gemm_variant<1, 4, kNone, 0>, true},
-      {"quad NB4 aheadL2 2K", &gemm_variant<1, 4, kAheadL2, 2048>, true},
-      {"quad NB4 aheadL2-matrix 2K", &gemm_variant<1, 4, kAheadL2Matrix, 2048>, true},
-      {"quad NB4 aheadL2 4K", &gemm_variant<1, 4, kAheadL2, 4096>, true},
-      {"quad NB8", &gemm_variant<1, 8, kNone, 0>, true},
-      {"quad NB4 no test (wrong)", &gemm_variant<2, 4, kNone, 0>, true},
-      {"quad NB4 no test aheadL2 2K", &gemm_variant<2, 4, kAheadL2, 2048>, true},
+      {"READ ONLY: 4 streams/tile", &read_pattern<4, false>, kPair},
+      {"READ ONLY: sequential", &read_pattern<4, true>, kPair},
+      {"fp8 no prefetch", &fp8_ahead<0>, kPair},
+      {"fp8 L2 ahead 1K", &fp8_ahead<1024>, kPair},
+      {"fp8 L2 ahead 2K (library)", &avx512::gemm_fp8, kPair},
+      {"fp8 L2 ahead 3K", &fp8_ahead<3072>, kPair},
+      {"fp8 L2 ahead 4K", &fp8_ahead<4096>, kPair},
+      {"quad no prefetch", &quad_ahead<true, 0>, kQuad},
+      {"quad L2 ahead 2K", &quad_ahead<true, 2048>, kQuad},
+      {"quad no test (wrong)", &quad_ahead<false, 0>, kQuad},
+      {"quad no test (wrong) L2 ahead 2K", &quad_ahead<false, 2048>, kQuad},
+      {"int4a no prefetch", &int4a_ahead<0>, kInt4A},
+      {"int4a L2 ahead 1K", &int4a_ahead<1024>, kInt4A},
+      {"int4a L2 ahead 2K (library)", &avx512::gemm_int4_affine, kInt4A},
+      {"int4a L2 ahead 4K", &int4a_ahead<4096>, kInt4A},
   };
   std::vector<Variant> vs;
-  for (const auto& v : all)
-    if (!only || v.fn == &avx512::gemm_fp8 || [&] {
-          std::string f(only);  // comma-separated substrings
-          for (size_t i = 0; i <= f.size();) {
-            const size_t j = std::min(f.find(',', i), f.size());
-            if (j > i && std::strstr(v.name, f.substr(i, j - i).c_str())) return true;
-            i = j + 1;
-          }
-          return false;
-        }())
-      vs.push_back(v);
+  for (const auto& v : all) {
+    bool take = !only;
+    const std::string f = only ? only : "";
+    for (size_t i = 0; !take && i <= f.size();) {
+      const size_t j = std::min(f.find(',', i), f.size());
+      take = j > i && std::strstr(v.name, f.substr(i, j - i).c_str());
+      i = j + 1;
+    }
+    if (take) vs.push_back(v);
+  }
 
-  // activations: x [32][2048 + 32], h [32][768 + 32] bf16 ~ N(0, 1)
+  // activations: x [32][2048 + 32], h [32][768 + 32] bf16 ~ N(0, 1) (the driver's row stride kp + 32)
   std::mt19937_64 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t ldx = 2048 + 32, ldh = 768 + 32;
@@ -507,35 +432,16 @@ int main(int argc, char** argv) {
     for (int64_t k = 0; k < 2048; ++k) x[size_t(r * ldx + k)] = bf16(nd(rng));
     for (int64_t k = 0; k < 768; ++k) hh[size_t(r * ldh + k)] = bf16(nd(rng));
   }
-  std::vector<float> c(size_t(threads) * (64 << 10) * 32 / 16 * 2);
+  std::vector<float> c(size_t(threads) * (64 << 10));
+  check(W, vs, x.data(), ldx, hh.data(), ldh);
 
-  // correctness: every variant against the real kernel on expert 0 (M = 1, 2, 32)
-  for (const auto& v : vs)
-    for (int64_t m : {1, 2, 32}) {
-      for (int down = 0; down < 2; ++down) {
-        const PackedMatrixHeader* hr = down ? W.dn(false, 0) : W.gu(false, 0);
-        const PackedMatrixHeader* hv = down ? W.dn(v.quad, 0) : W.gu(v.quad, 0);
-        const uint16_t* a = down ? hh.data() : x.data();
-        const int64_t lda = down ? ldh : ldx, nb = hr->np / 16, n = hr->np;
-        std::vector<float> want(size_t(m * n)), got(size_t(m * n));
-        avx512::gemm_fp8(hr, a, lda, m, 0, nb, want.data(), n);
-        v.fn(hv, a, lda, m, 0, nb, got.data(), n);
-        double worst = 0, scale = 0;
-        for (size_t i = 0; i < want.size(); ++i) scale = std::max(scale, double(std::fabs(want[i])));
-        for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / scale);
-        if (worst > 1e-5 && !std::strstr(v.name, "wrong") && !std::strstr(v.name, "READ")) std::printf("MISMATCH %s m=%lld down=%d: %.3g\n", v.name, (long long)m, down, worst);
-      }
-    }
-
-  const int64_t fwd_bytes = topk * W.expert_bytes;
   std::vector<Stats> cold(vs.size()), hot(vs.size()), pre(vs.size());
   Stats roof;
-  const int64_t hot_blocks = 16;  // 512 KiB of gate_up
   for (int r = 0; r < rounds; ++r) {
-    for (int64_t e = 0; e < E; e += threads == 1 ? 1 : topk) {  // the same samples as cold
+    for (int64_t e = 0; e < E; e += threads == 1 ? 1 : topk) {  // samples as cold's
       const int64_t n = threads == 1 ? 1 : topk;
       const double t0 = now();
-      read_pass(W.pair + e * W.expert_bytes, n * W.expert_bytes, threads);
+      read_pass(W.buf[kPair] + e * W.expert_bytes[kPair], n * W.expert_bytes[kPair], threads);
       roof.ms.push_back((now() - t0) * 1e3 * topk / n);
     }
     for (size_t vi = 0; vi < vs.size(); ++vi) {
@@ -543,37 +449,33 @@ int main(int argc, char** argv) {
       // cold: E / topk forwards walk all experts; one sample per expert on 1 thread (x topk:
       // ms per forward; short samples are rarely preempted on a shared host), per forward else
       for (int64_t f = 0; f < E / topk; ++f) {
-        std::vector<int64_t> es;
-        for (int64_t j = 0; j < topk; ++j) es.push_back(f * topk + j);
-        if (threads == 1) {
-          for (int64_t e : es) {
-            const auto gu = items(W, v.quad, {e}, false, 8), dn = items(W, v.quad, {e}, true, 20);
-            const double t0 = now();
-            run_items(gu, v.fn, x.data(), ldx, 1, c.data(), threads);
-            run_items(dn, v.fn, hh.data(), ldh, 1, c.data(), threads);
-            cold[vi].ms.push_back((now() - t0) * 1e3 * topk);
-          }
-          continue;
+        std::vector<std::vector<int64_t>> samples;
+        for (int64_t j = 0; j < topk; ++j)
+          if (threads == 1) samples.push_back({f * topk + j});
+          else if (j == 0) samples.push_back({});
+        if (threads > 1)
+          for (int64_t j = 0; j < topk; ++j) samples[0].push_back(f * topk + j);
+        for (const auto& es : samples) {
+          const auto gu = items(W, v.layout, es, false), dn = items(W, v.layout, es, true);
+          const double t0 = now();
+          run_items(gu, v.fn, x.data(), ldx, mc, c.data(), threads);
+          run_items(dn, v.fn, hh.data(), ldh, mc, c.data(), threads);
+          cold[vi].ms.push_back((now() - t0) * 1e3 * topk / int64_t(es.size()));
         }
-        const auto gu = items(W, v.quad, es, false, 8), dn = items(W, v.quad, es, true, 20);
-        const double t0 = now();
-        run_items(gu, v.fn, x.data(), ldx, 1, c.data(), threads);
-        run_items(dn, v.fn, hh.data(), ldh, 1, c.data(), threads);
-        cold[vi].ms.push_back((now() - t0) * 1e3);
       }
-      // hot: one 512 KiB item per thread, 64 times
+      // hot: one 512 KiB item per thread (L2), 64 times
       {
         std::vector<Item> its;
-        for (int t2 = 0; t2 < threads; ++t2) its.push_back({W.gu(v.quad, t2), 0, hot_blocks});
-        run_items(its, v.fn, x.data(), ldx, 1, c.data(), threads);
+        for (int t = 0; t < threads; ++t) its.push_back(items(W, v.layout, {t}, false, 512 << 10)[0]);
+        run_items(its, v.fn, x.data(), ldx, mc, c.data(), threads);
         const double t0 = now();
-        for (int i = 0; i < 64; ++i) run_items(its, v.fn, x.data(), ldx, 1, c.data(), threads);
+        for (int i = 0; i < 64; ++i) run_items(its, v.fn, x.data(), ldx, mc, c.data(), threads);
         hot[vi].ms.push_back((now() - t0) * 1e3 / 64);
       }
-      // prefill: m = 32 over 512 KiB items of 2 experts' gate_up and down
+      // prefill: m = 32 rows (the driver's token tile) over 512 KiB items of 2 experts
       {
-        std::vector<int64_t> es = {r % E, (r + 1) % E};
-        const auto gu = items(W, v.quad, es, false, 16), dn = items(W, v.quad, es, true, 40);
+        const std::vector<int64_t> es = {r % E, (r + 1) % E};
+        const auto gu = items(W, v.layout, es, false, 512 << 10), dn = items(W, v.layout, es, true, 512 << 10);
         const double t0 = now();
         run_items(gu, v.fn, x.data(), ldx, 32, c.data(), threads);
         run_items(dn, v.fn, hh.data(), ldh, 32, c.data(), threads);
@@ -581,17 +483,19 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const double hot_bytes = double(threads) * hot_blocks * 2048 * 16;
-  std::printf("threads %d, rounds %d; ms per forward of 8 experts (37.6 MB), cold: p10 / median of %zu samples\n",
-              threads, rounds, roof.ms.size());
-  std::printf("read roof (a streaming read of the same weights): p10 %.3f (%.1f GB/s), median %.3f (%.1f GB/s)\n",
-              roof.q(0.1), fwd_bytes / roof.q(0.1) / 1e6, roof.median(), fwd_bytes / roof.median() / 1e6);
-  std::printf("%-28s %17s %6s %5s | %17s %6s | %17s\n", "variant", "cold p10/median", "GB/s", "roof%",
-              "hot us min/med", "GB/s", "M=32 ms min/med");
-  for (size_t vi = 0; vi < vs.size(); ++vi)
-    std::printf("%-28s %8.3f %8.3f %6.1f %4.0f%% | %8.1f %8.1f %6.1f | %8.2f %8.2f\n", vs[vi].name, cold[vi].q(0.1),
-                cold[vi].median(), fwd_bytes / cold[vi].q(0.1) / 1e6, 100 * roof.q(0.1) / cold[vi].q(0.1),
+  const double roof_gbs = topk * W.expert_bytes[kPair] / roof.q(0.1) / 1e6;
+  std::printf("threads %d, rounds %d, M = %lld; cold: ms per forward of 8 experts, p10 / median of %zu samples; read "
+              "roof (a streaming read of the fp8 weights) p10 %.1f GB/s, median %.1f GB/s\n",
+              threads, rounds, (long long)mc, cold.empty() ? size_t(0) : cold[0].ms.size(), roof_gbs,
+              topk * W.expert_bytes[kPair] / roof.median() / 1e6);
+  std::printf("%-34s %17s %6s %5s | %15s %6s | %15s\n", "variant", "cold p10/median", "GB/s", "roof", "hot us min/med",
+              "GB/s", "M=32 ms min/med");
+  for (size_t vi = 0; vi < vs.size(); ++vi) {
+    const double fwd = double(topk * W.expert_bytes[vs[vi].layout]), hot_bytes = double(threads) * (512 << 10);
+    std::printf("%-34s %8.3f %8.3f %6.1f %4.0f%% | %7.1f %7.1f %6.1f | %7.2f %7.2f\n", vs[vi].name, cold[vi].q(0.1),
+                cold[vi].median(), fwd / cold[vi].q(0.1) / 1e6, 100 * fwd / cold[vi].q(0.1) / 1e6 / roof_gbs,
                 hot[vi].min() * 1e3, hot[vi].median() * 1e3, hot_bytes / hot[vi].median() / 1e6, pre[vi].min(),
                 pre[vi].median());
+  }
   return 0;
 }
