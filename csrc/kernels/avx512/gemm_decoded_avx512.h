@@ -21,7 +21,14 @@
 // Decode rows (m <= 8): register tiles of m rows x NB blocks side by side (NB = 4 for
 // m <= 4, else 2; then 2 / 1 for the last blocks), the weights decoded in registers and
 // read exactly once, NB weight streams and m x NB accumulator chains in flight; a
-// column's output stays in c between k-groups (exact fp32).
+// column's output stays in c between k-groups (exact fp32). Each step prefetches every
+// stream kDecodeAhead = 2 KiB ahead into L2 (prefetcht1), running on into the next
+// tile's blocks near a block's end: without it the decode and the DRAM reads barely
+// overlap (the hardware prefetcher restarts on each block's stream, 32 KiB of gate_up,
+// 12 KiB of down). Measured by benchmarks/fp8_decode_micro.cpp, cold, M = 1, 1 thread:
+// fp8 from 76 % of the read roof to 85 % (10-11 % less time), int4_affine from 56-61 %
+// to 79-83 % (27-29 % less); an L1 prefetch (prefetcht0) 2 KiB ahead was 20 % slower
+// than none, 1 KiB into L2 slower than 2 KiB, 3-4 KiB no better (gemm_fp8_avx512.cpp).
 // Prefill (m > 8), as gemm_bf16_avx512's prefill: per group of NB blocks, per k-chunk of
 // at most kPChunk k-pairs inside one k-group, the chunk is decoded once into an L1 buffer
 // of bf16 (NB x 4 KiB; the decoders prefetch the next chunk of each block, which the row
@@ -52,6 +59,7 @@ struct Ctx {
   int64_t ngroups;      // kp / group
   int64_t spg;          // k-pairs per group: group / 2
   const float* xsum;    // kRowSums: [m][ngroups] Σ a per row and group (row 0 of the call)
+  int64_t nblocks;      // blocks of the matrix (np / 16)
 };
 
 // Writes (g == 0 ? 0 : c) + s * acc (+ o * xsum) for rows [0, MR) x blocks [b, b + NB) of group g.
@@ -74,11 +82,16 @@ inline void group_end(const Dec& dec, const Ctx& x, const float* xs, int64_t b, 
   }
 }
 
+// Decode tiles: bytes ahead of each block's stream that a tile prefetches into L2 (0: none).
+constexpr int64_t kDecodeAhead = 2048;
+
 // Decode tile: rows [0, MR) of a (row stride astride bytes) x blocks [b, b+NB), all k;
-// xs: row 0's group sums (kRowSums).
-template <class Dec, int MR, int NB>
+// xs: row 0's group sums (kRowSums). Each step prefetches block j's line kAhead bytes
+// ahead into L2, past the block's end the same offset of block j + NB (the next tile's)
+// when wrap, else nothing.
+template <class Dec, int MR, int NB, int64_t kAhead>
 __attribute__((noinline)) void dtile(const Dec& dec, const Ctx& x, const uint8_t* a, int64_t astride,
-                                     const float* xs, int64_t b, float* c, int64_t ldc) {
+                                     const float* xs, int64_t b, bool wrap, float* c, int64_t ldc) {
   const uint8_t* w = x.data + b * x.bstride;
   for (int64_t g = 0; g < x.ngroups; ++g) {
     __m512 acc[MR][NB];
@@ -87,6 +100,13 @@ __attribute__((noinline)) void dtile(const Dec& dec, const Ctx& x, const uint8_t
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int64_t p = g * x.spg; p < (g + 1) * x.spg; p += 2) {  // spg is a multiple of 16
+      if constexpr (kAhead > 0) {
+        const int64_t o = (p / 2) * Dec::kStepBytes + kAhead;
+        const uint8_t* f = o < x.bstride ? w + o : wrap ? w + NB * x.bstride + (o - x.bstride) : nullptr;
+        if (f)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(f + j * x.bstride), _MM_HINT_T1);
+      }
       const auto st = dec.template step<NB>(w, x.bstride, p);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
@@ -106,15 +126,23 @@ __attribute__((noinline)) void dtile(const Dec& dec, const Ctx& x, const uint8_t
 }
 
 // Rows [0, MR) x blocks [b0, b1) in decode tiles: 4 blocks side by side for MR <= 4,
-// 2 for MR <= 8 (MR x NB accumulators + NB decoded k-pairs fit the 32 zmm).
-template <class Dec, int MR>
+// 2 for MR <= 8 (MR x NB accumulators + NB decoded k-pairs fit the 32 zmm). A tile's
+// prefetch runs on into the next NB blocks while they lie in the matrix, past b1 too:
+// the driver's next item usually starts there (on this thread, or on another, which
+// then finds those lines in this core's L2 instead of DRAM).
+template <class Dec, int MR, int64_t kAhead>
 void gemm_decode(const Dec& dec, const Ctx& x, const uint8_t* a, int64_t astride, int64_t b0, int64_t b1, float* c,
                  int64_t ldc) {
+  // wrap(NB): the next NB blocks lie in the matrix, and the wrapped offsets (< kAhead) inside them
+  const auto wrap = [&](int64_t b, int64_t nb) { return x.bstride >= kAhead && b + 2 * nb <= x.nblocks; };
+  const float* xs = x.xsum;
   int64_t b = b0;
   if constexpr (MR <= 4)
-    for (; b + 4 <= b1; b += 4) dtile<Dec, MR, 4>(dec, x, a, astride, x.xsum, b, c + (b - b0) * 16, ldc);
-  for (; b + 2 <= b1; b += 2) dtile<Dec, MR, 2>(dec, x, a, astride, x.xsum, b, c + (b - b0) * 16, ldc);
-  for (; b < b1; ++b) dtile<Dec, MR, 1>(dec, x, a, astride, x.xsum, b, c + (b - b0) * 16, ldc);
+    for (; b + 4 <= b1; b += 4)
+      dtile<Dec, MR, 4, kAhead>(dec, x, a, astride, xs, b, wrap(b, 4), c + (b - b0) * 16, ldc);
+  for (; b + 2 <= b1; b += 2)
+    dtile<Dec, MR, 2, kAhead>(dec, x, a, astride, xs, b, wrap(b, 2), c + (b - b0) * 16, ldc);
+  for (; b < b1; ++b) dtile<Dec, MR, 1, kAhead>(dec, x, a, astride, xs, b, wrap(b, 1), c + (b - b0) * 16, ldc);
 }
 
 // Where a prefill tile's k-chunk [s0, s1) sits in its k-group g.
@@ -221,19 +249,20 @@ void gemm_prefill(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, i
 }
 
 // The whole gemm: decode tiles for m <= 8, else the prefill. a: bf16 rows [m, lda].
-template <class Dec>
+// kAhead: the decode tiles' prefetch distance (benchmarks/fp8_decode_micro.cpp varies it).
+template <class Dec, int64_t kAhead = kDecodeAhead>
 void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
           float* c, int64_t ldc) {
   const auto* ab = reinterpret_cast<const uint8_t*>(a);
   switch (m) {
-    case 1: return gemm_decode<Dec, 1>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 2: return gemm_decode<Dec, 2>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 3: return gemm_decode<Dec, 3>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 4: return gemm_decode<Dec, 4>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 5: return gemm_decode<Dec, 5>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 6: return gemm_decode<Dec, 6>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 7: return gemm_decode<Dec, 7>(dec, x, ab, lda * 2, b0, b1, c, ldc);
-    case 8: return gemm_decode<Dec, 8>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 1: return gemm_decode<Dec, 1, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 2: return gemm_decode<Dec, 2, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 3: return gemm_decode<Dec, 3, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 4: return gemm_decode<Dec, 4, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 5: return gemm_decode<Dec, 5, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 6: return gemm_decode<Dec, 6, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 7: return gemm_decode<Dec, 7, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
+    case 8: return gemm_decode<Dec, 8, kAhead>(dec, x, ab, lda * 2, b0, b1, c, ldc);
     default: break;
   }
   gemm_prefill(dec, x, kp, a, lda, m, b0, b1, c, ldc);

@@ -17,10 +17,28 @@
 // So ~3.5 vector ops per 32 weights, then one vdpbf16ps per row. Measured (1 thread,
 // weights in L2, loaded 2-core host, N(0,1)-shaped e4m3 bytes, GB/s of fp8 weights):
 // always fixing up (6 ops) 30, a vptestnmw + branch per k-pair 38, the byte test per
-// 64 bytes 46 (bf16's kernel: 90 GB/s of its 2-byte weights). Out of cache (64
-// experts x 6 MiB, M = 1) the decode read 18-24 GB/s against a streaming read of
-// 15-27 GB/s in the same runs (the host's load varied), at or near the roof.
-// A software prefetch 1-2 KiB ahead in the decode tiles was slower (-10 to -25 %).
+// 64 bytes 46 (bf16's kernel: 90 GB/s of its 2-byte weights).
+//
+// Out of cache the decode tiles prefetch into L2 (gemm_decoded_avx512.h). Measured by
+// benchmarks/fp8_decode_micro.cpp (Zen 5, loaded shared host; 64 experts x 4.7 MB
+// walked in the driver's items; ms per forward of 8 experts at p10 / median of 1920-2560
+// samples, % of a streaming read of the same bytes in the same run, two runs):
+//   M = 1, 1 thread:  none 1.743 / 1.975 (76 %), 1.896 / 2.288 (76 %);
+//                     L2 2 KiB ahead 1.563 / 1.763 (85 %), 1.710 / 1.967 (85 %);
+//                     (a run that stopped at the call's last block: 2 KiB 1.643, 1 KiB 1.703,
+//                     3 KiB 1.662, 4 KiB 1.659; an L1 prefetch (prefetcht0) 2 KiB ahead: 20 %
+//                     slower than none)
+//   M = 1, 2 threads: none 1.230 (80 %), 2 KiB 1.049 (94 %) (p10);  M = 4: 2.522 -> 2.169 ms.
+// Hot (512 KiB in L2): 12.6 us either way. The other ideas, same benchmark, cold M = 1:
+//   - a k-quad layout (4 consecutive k of a column in a dword: one 64-byte load, then
+//     vpsraw / vpsllw + vpternlogd, 5 ops per 64 weights instead of 6 + 2 loads): hot
+//     10.3 us (+20 %), cold 1.721 / 1.937 without prefetch, 1.655 / 1.845 with it: no
+//     better than this layout cold; without the subnormal test (wrong, the bound) 9.3 us hot;
+//   - NB = 8 blocks per tile at M = 1: 5-10 % slower cold, hot unchanged;
+//   - prefetching only the next tile's block starts: within noise (2 %).
+// So the decode was memory-bound in effect (the reads of one tile's 4 streams did not
+// overlap the compute), not bound by its ops; the same prefetch takes int4_affine from
+// 56-61 % to 79-83 % of the read roof.
 //
 // The tile loops (decode tiles for m <= 8, decoded L1 chunks for the prefill) and the
 // accumulation order are gemm_decoded_avx512.h's, shared with gemm_int4_affine: per column
@@ -132,7 +150,7 @@ void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64
               int64_t b1, float* c, int64_t ldc) {
   if (m <= 0 || b1 <= b0) return;
   const int64_t kp = w->kp, ngroups = kp / w->group;
-  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2, nullptr};
+  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2, nullptr, w->np / kBlockN};
   decoded::gemm(Fp8Decoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
 }
 
