@@ -3,8 +3,8 @@
 // Computes, for rows m < M and packed blocks b in [b0, b1), n = 16b + j (packed_format.h,
 // kINT8: per block, kp/4 k-quads of 16 columns x 4 u8 = 64 bytes, u = wq + 128):
 //   one group (per channel): c[m][16*(b-b0) + j] = (sx[m]·s[n]) · I,
-//   groups: acc = fma(s[n,G], I_G, acc) over G in order, c = sx[m] · acc,
-//   I_G = Σ_{k∈G} (u[n][k] − 128)·xq[m][k]  (I: the one group).
+//   groups: acc = fma(s[n,G]·sx[m,G], I_G, acc) over G in order, c = acc (activation scales per
+//   (row, group)), I_G = Σ_{k∈G} (u[n][k] − 128)·xq[m][k]  (I: the one group).
 //
 // The dot (llama.cpp's q8_0 trick): u xor 0x80 is the signed weight wq in [-127, 127];
 // vpsignb moves the sign of xq onto it, so vpmaddubsw multiplies |xq| (u8 <= 127) by
@@ -60,7 +60,7 @@ inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, in
 }
 
 // MR rows x one block (wb: its kp/4 k-quads; s: its scale records, 16 fp32 per group),
-// groups of g inputs; c: [MR, ldc], 16 columns.
+// groups of g inputs; sx: the rows' activation scales [MR, kp / g]; c: [MR, ldc], 16 columns.
 template <int MR>
 inline void int8_tile(const uint8_t* wb, int64_t kp, int64_t g, const int8_t* xq, int64_t ldq, const int8_t* xa,
                       int64_t lda, const float* sx, const float* s, float* c, int64_t ldc) {
@@ -87,21 +87,21 @@ inline void int8_tile(const uint8_t* wb, int64_t kp, int64_t g, const int8_t* xq
     int8_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xq, ldq, xa, lda);
     const __m256 s0 = _mm256_loadu_ps(s + G * 16), s1 = _mm256_loadu_ps(s + G * 16 + 8);
     for (int r = 0; r < MR; ++r) {
-      facc[r][0] = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(acc[r][0]), facc[r][0]);
-      facc[r][1] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(acc[r][1]), facc[r][1]);
+      const __m256 f = _mm256_set1_ps(sx[r * ngroups + G]);
+      facc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(s0, f), _mm256_cvtepi32_ps(acc[r][0]), facc[r][0]);
+      facc[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(s1, f), _mm256_cvtepi32_ps(acc[r][1]), facc[r][1]);
     }
   }
   for (int r = 0; r < MR; ++r) {
-    const __m256 f = _mm256_set1_ps(sx[r]);
-    _mm256_storeu_ps(c + r * ldc, _mm256_mul_ps(f, facc[r][0]));
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_mul_ps(f, facc[r][1]));
+    _mm256_storeu_ps(c + r * ldc, facc[r][0]);
+    _mm256_storeu_ps(c + r * ldc + 8, facc[r][1]);
   }
 }
 
 }  // namespace
 
-// w: packed kINT8; a: int8 rows (kp used) and scales (a.gsum is not read: the dot is
-// Σ (u − 128)·xq directly); c: fp32 [M, ldc], 16*(b1-b0) columns.
+// w: packed kINT8; a: int8 rows (kp used) and scales [M, kp / group] (a.gsum is not read: the
+// dot is Σ (u − 128)·xq directly); c: fp32 [M, ldc], 16*(b1-b0) columns.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
   const int64_t kp = w->kp, g = w->group, nblk = b1 - b0;
@@ -116,13 +116,13 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
     const int64_t rows = std::min(kRowChunk, m - r0);
     const int8_t* xq = a.q + r0 * a.ldq;
     abs_int8_rows(xq, a.ldq, rows, kp, xa);
-    const float* sx = a.scale + r0;
+    const float* sx = a.scale + r0 * (kp / g);
     float* cr = c + r0 * ldc;
     // block-outer: a block (kp*16 bytes) stays in cache while every row tile reads it
     for (int64_t b = 0; b < nblk; ++b) {
       for_row_tiles(rows, [&](auto mr, int64_t r) {
         int8_tile<decltype(mr)::value>(wblk + b * blk_bytes, kp, g, xq + r * a.ldq, a.ldq, xa + r * kp, kp,
-                                       sx + r, scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
+                                       sx + r * (kp / g), scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
       });
     }
   }
