@@ -13,7 +13,8 @@ definitions (ggml-quants.c, quantize_row_q8_0 / quantize_row_q4_0 reference): pe
 32, q8_0 stores d = amax / 127 and round(w / d); q4_0 stores d = -v / 8 (v the signed
 largest-magnitude weight) and clamp(floor(w / d + 8.5), 0, 15) - 8; d in fp16. Their
 activations are q8_0 too (per block of 32), as llama.cpp's CPU mul_mat quantizes them
-(ours: int8 per token, one scale per row).
+(ours: int8 with a scale per token for int4 and per-channel int8, per (token, group) for int8
+with groups, the weights' groups).
 Bits per weight: bf16 16, int8 8 (+ a float per row), int8 g32 / g64 (group_size=32 / 64: an fp32
 scale per row and group) 9 / 8.5, q8_0 8.5, int4 4.5, q4_0 4.5.
 """

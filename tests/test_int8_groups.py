@@ -1,7 +1,7 @@
-"""int8 per group (group_size 32 / 64: a fp32 scale per (row, group), like q8_0) next to the
-per-channel default: packing equals the reference oracle bit for bit, the forward on every ISA
-equals the reference layer, per-channel blobs keep their layout, and the cache key tells the
-two apart. (Every ISA's gemm_int8 giving generic's bits is tests/native: test_int8_isas_agree.)"""
+"""int8 per group (group_size 32 / 64: a fp32 scale per (row, group), like q8_0, and the
+activations quantized per the same groups) next to per channel: packing equals the reference
+oracle bit for bit, the forward on every ISA equals the reference layer, per-channel blobs keep
+their layout, and the cache key tells the two apart. (Every ISA's gemm_int8 giving generic's bits is tests/native: test_int8_isas_agree.)"""
 import pytest
 import torch
 
@@ -53,8 +53,48 @@ def test_forward_equals_the_reference_on_every_isa(isa, group):
     m.load_weights(gate_up, down)
     out = m(x, ids, w)
     ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "int8", group or None),
-                                  reference.quantize_weights(down, "int8", group or None), "int8")
-    assert reference.relative_error(out, ref) < 1e-3
+                                  reference.quantize_weights(down, "int8", group or None),
+                                  reference.format_activations("int8", group or None))
+    assert reference.relative_error(out, ref) < 1e-4
+
+
+def test_the_format_table_says_int8_activations_follow_the_weight_groups():
+    traits = ops.FORMAT_TRAITS
+    assert (traits["int8"]["activations"], traits["int8"]["activation_scale"]) == ("int8", "weight_group")
+    assert (traits["int4"]["activations"], traits["int4"]["activation_scale"]) == ("int8", "row")
+    assert all(r["activation_scale"] == "none" for r in traits.values() if r["activations"] == "bf16")
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_activations_get_a_scale_per_group(isa, group):
+    """A token with one huge input: per group only that input's group loses precision, so the
+    forward meets the per-group reference of its activations and not the per-row one."""
+    E, H, I, T = 2, 256, 128, 6
+    gate_up, down = random_experts(E, H, I)
+    x = torch.randn(T, H)
+    x[:, 5] = 300.0  # one outlier per token: a per-row scale would flatten every other input
+    ids, w = random_routing(T, E, 2, seed=4)
+    m = KTMoE(E, 2, H, I, weight_format="int8", group_size=group)
+    m.load_weights(gate_up, down)
+    out = m(x, ids, w)
+    wq = reference.quantize_weights(gate_up, "int8", group), reference.quantize_weights(down, "int8", group)
+    per_group = reference.moe_reference(x, ids, w, *wq, reference.format_activations("int8", group))
+    per_row = reference.moe_reference(x, ids, w, *wq, "int8")
+    assert reference.relative_error(out, per_group) < 1e-4
+    assert reference.relative_error(out, per_row) > 1e-2
+
+
+def test_a_non_finite_input_still_gives_a_non_finite_token(isa):
+    """A NaN in one group of one token: that token's output is non-finite, the others are not."""
+    E, H, I = 2, 128, 64
+    gate_up, down = random_experts(E, H, I)
+    x = torch.randn(3, H)
+    x[1, 70] = float("nan")
+    ids, w = random_routing(3, E, 2, seed=5)
+    m = KTMoE(E, 2, H, I, weight_format="int8", group_size=32)
+    m.load_weights(gate_up, down)
+    finite = m(x, ids, w).isfinite().all(-1)
+    assert finite.tolist() == [True, False, True]
 
 
 def test_groups_cut_the_heavy_tailed_error():

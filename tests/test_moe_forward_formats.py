@@ -62,7 +62,8 @@ def test_each_row_packs_decodes_and_forwards_as_it_says(row, H, I, group):
     ids, w = random_routing(9, 6, 2)
     out = ops.moe_forward(x, ids, w, w13, w2)
     quantized = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, fmt, used),
-                                        reference.quantize_weights(down, fmt, used), row["activations"])
+                                        reference.quantize_weights(down, fmt, used),
+                                        reference.format_activations(fmt, used))
     assert reference.relative_error(out, quantized) <= QUANTIZED_REFERENCE_TOLERANCE
     assert reference.relative_error(out, reference.moe_reference(x, ids, w, gate_up, down)) <= row["accuracy_bound"]
 
