@@ -32,15 +32,24 @@ def test_packing_is_the_reference_rounding_bit_for_bit(group, H, I):
     assert torch.equal(got_dn.float(), reference.quantize_weights(down, "int8", group))
 
 
-def test_per_channel_is_the_default_and_keeps_the_row_scale_layout():
+def test_group_32_is_the_default_from_dense_weights():
     gate_up, down = random_experts(2, 64, 96)
-    _, w2 = ops.pack_experts(gate_up, down, "int8")
+    assert [packed_header(w)["group"] for w in ops.pack_experts(gate_up, down, "int8")] == [32, 32]
+    layer = KTMoE(2, 1, 64, 96, weight_format="int8", numa_parts=1)
+    layer.load_weights(gate_up, down)
+    assert layer.group_size == 32 and packed_header(layer.w2_0)["group"] == 32
+    assert ops.FORMAT_TRAITS["int8"]["default_group"] == ops.default_group_size("int8") == 32
+
+
+def test_group_size_0_is_per_channel_with_the_row_scale_layout():
+    gate_up, down = random_experts(2, 64, 96)
+    _, w2 = ops.pack_experts(gate_up, down, "int8", group_size=0)
     h = packed_header(w2)
     assert (h["group"], h["kp"]) == (96, 96)  # one group: kp
     # scales: float s[np] right at scale_offset, s[n] = max|w[n]| / 127 (the layout of every older file)
     s = w2[:, h["scale_offset"]:h["scale_offset"] + 4 * h["np"]].contiguous().view(torch.float32)
     assert torch.equal(s[:, :64], down.abs().amax(-1) / 127)
-    assert torch.equal(unpack_experts([(_, w2)])[1].float(), reference.quantize_weights(down, "int8"))
+    assert torch.equal(unpack_experts([(_, w2)])[1].float(), reference.quantize_weights(down, "int8", 0))
 
 
 @pytest.mark.parametrize("group", [0, 32, 64])
@@ -52,9 +61,9 @@ def test_forward_equals_the_reference_on_every_isa(isa, group):
     m = KTMoE(E, 2, H, I, weight_format="int8", group_size=group)
     m.load_weights(gate_up, down)
     out = m(x, ids, w)
-    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "int8", group or None),
-                                  reference.quantize_weights(down, "int8", group or None),
-                                  reference.format_activations("int8", group or None))
+    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "int8", group),
+                                  reference.quantize_weights(down, "int8", group),
+                                  reference.format_activations("int8", group))
     assert reference.relative_error(out, ref) < 1e-4
 
 
@@ -110,6 +119,15 @@ def test_groups_cut_the_heavy_tailed_error():
         m.load_weights(gate_up, down)
         err[group] = reference.relative_error(m(x, ids, w), ref)
     assert err[32] < 0.75 * err[0], err
+
+
+def test_a_per_channel_cache_file_is_rebuilt_for_the_default_group(tmp_path):
+    """A file packed per channel (int8's only layout before groups, keyed group 0) is stale for a layer
+    of the default group 32: rebuilt, never mapped as if it were grouped."""
+    assert not loaded(tmp_path, group_size=0).cache_hit
+    default = loaded(tmp_path)
+    assert not default.cache_hit and reason(default) == "stale: group size is 0, expected 32"
+    assert torch.equal(run(default), run(loaded(None, group_size=32)))
 
 
 @pytest.mark.parametrize("first, second", [(0, 32), (32, 0), (32, 64)])

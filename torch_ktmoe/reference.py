@@ -70,10 +70,11 @@ def quantize_rows_int8(x, group=None):
 
 def format_activations(weight_format, group=None):
     """How a format's kernels round the activations they multiply: "bf16", "int8" (a scale per
-    row), or for int8 with a ``group`` the function that quantizes per (row, group) as its
-    weights are."""
+    row: int4, and int8 with ``group`` 0, per channel), or for int8 with groups (``group`` None:
+    the default 32) the function that quantizes per (row, group) as its weights are."""
     if weight_format in ("bf16", "fp8", "int4_affine"):
         return "bf16"
+    group = INT8_DEFAULT_GROUP if weight_format == "int8" and group is None else group
     if weight_format == "int8" and group:
         return functools.partial(quantize_rows_int8, group=group)
     return "int8"
@@ -81,6 +82,9 @@ def format_activations(weight_format, group=None):
 
 def _bf16(t):
     return t.to(torch.bfloat16).float()
+
+
+INT8_DEFAULT_GROUP = 32  # the group dense weights are packed with when none is given
 
 
 def quantize_int8(w, group=None):
@@ -195,11 +199,12 @@ def dequantize_int4_affine(codes, scale, zero=None, group=128):
 
 def quantize_weights(w, weight_format, group=None):
     """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
-    format's default (int8 per output channel, int4 32, fp8 128, int4_affine 128)."""
+    format's default (int8 32, int4 32, fp8 128, int4_affine 128); int8 with ``group`` 0: per
+    output channel."""
     if weight_format == "bf16":
         return _bf16(w)
     if weight_format == "int8":
-        return quantize_int8(w, group)
+        return quantize_int8(w, INT8_DEFAULT_GROUP if group is None else group)
     if weight_format == "int4":
         return quantize_int4(w, group or 32)
     if weight_format == "fp8":
