@@ -13,9 +13,10 @@ definitions (ggml-quants.c, quantize_row_q8_0 / quantize_row_q4_0 reference): pe
 32, q8_0 stores d = amax / 127 and round(w / d); q4_0 stores d = -v / 8 (v the signed
 largest-magnitude weight) and clamp(floor(w / d + 8.5), 0, 15) - 8; d in fp16. Their
 activations are q8_0 too (per block of 32), as llama.cpp's CPU mul_mat quantizes them
-(ours: int8 per token, one scale per row).
-Bits per weight: bf16 16, int8 8 (+ a float per row), int8 g32 / g64 (group_size=32 / 64: an fp32
-scale per row and group) 9 / 8.5, q8_0 8.5, int4 4.5, q4_0 4.5.
+(ours: int8 with a scale per token for int4 and per-channel int8, per (token, group) for int8
+with groups, the weights' groups).
+Bits per weight: bf16 16, int8 (its default group_size 32: an fp32 scale per row and group) 9,
+int8 g64 8.5, int8 per channel (group_size=0) 8 (+ a float per row), q8_0 8.5, int4 4.5, q4_0 4.5.
 """
 import argparse
 import os
@@ -27,7 +28,7 @@ from torch_ktmoe import KTMoE, reference
 from torch_ktmoe.ops import WEIGHT_FORMATS
 
 
-INT8_GROUPS = (32, 64)  # int8 rows per group, next to the per-channel default
+INT8_VARIANTS = (("int8 g64", 64), ("int8 per channel", 0))  # next to int8's default group of 32
 
 
 def draw(dist, shape, gen):
@@ -71,7 +72,7 @@ def main(argv=None):
     E, k, H, I, T = args.E, args.k, args.H, args.I, args.tokens
     print(f"torch {torch.__version__}; E={E} top-{k} H={H} I={I}, {T} tokens; {os.cpu_count()} CPUs")
     dists = ("gauss", "t3", "t6")
-    ours = [(fmt, fmt, 0) for fmt in WEIGHT_FORMATS] + [(f"int8 g{g}", "int8", g) for g in INT8_GROUPS]
+    ours = [(fmt, fmt, None) for fmt in WEIGHT_FORMATS] + [(name, "int8", g) for name, g in INT8_VARIANTS]
     rows = {name: {} for name in (*(n for n, _, _ in ours), "llama.cpp q8_0 (emulated)", "llama.cpp q4_0 (emulated)")}
     for dist in dists:
         gen = torch.Generator().manual_seed(args.seed)

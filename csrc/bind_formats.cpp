@@ -5,6 +5,7 @@
 //   name, id, code_bits, k_run, bits_per_weight, group ("none" | "row" | "chosen"),
 //   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group" |
 //   "f32_per_block_group" | "f32_u8_zero_per_block_group"), scale_bytes, activations ("bf16" | "int8"),
+//   activation_scale ("none" | "row" | "weight_group": int8 rows' scale per row or per weight group),
 //   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine"), code_offset,
 //   codebook (list of ints),
 //   accuracy_bound.
@@ -29,10 +30,12 @@ constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
 constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group", "f32_per_block_group",
                                         "f32_u8_zero_per_block_group"};
 constexpr const char* kActivationRows[] = {"bf16", "int8"};
+constexpr const char* kActivationScales[] = {"none", "row", "weight_group"};
 constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3", "affine"};
 static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
                   std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kF32U8ZeroPerBlockGroup) + 1 &&
                   std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
+                  std::size(kActivationScales) == size_t(ktmoe::ActivationScale::kPerWeightGroup) + 1 &&
                   std::size(kCodeValues) == size_t(ktmoe::CodeValue::kAffine) + 1,
               "a name for every value of the traits' enums");
 
@@ -48,6 +51,7 @@ py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
   d["scales"] = kScaleLayouts[int(r.scales)];
   d["scale_bytes"] = r.scale_bytes;
   d["activations"] = kActivationRows[int(r.activations)];
+  d["activation_scale"] = kActivationScales[int(r.activation_scale)];
   d["gemm"] = r.gemm_name;
   d["codes"] = kCodeValues[int(r.codes)];
   d["code_offset"] = r.code_offset;

@@ -1,7 +1,7 @@
-"""int8 per group (group_size 32 / 64: a fp32 scale per (row, group), like q8_0) next to the
-per-channel default: packing equals the reference oracle bit for bit, the forward on every ISA
-equals the reference layer, per-channel blobs keep their layout, and the cache key tells the
-two apart. (Every ISA's gemm_int8 giving generic's bits is tests/native: test_int8_isas_agree.)"""
+"""int8 per group (group_size 32 / 64: a fp32 scale per (row, group), like q8_0, and the
+activations quantized per the same groups) next to per channel: packing equals the reference
+oracle bit for bit, the forward on every ISA equals the reference layer, per-channel blobs keep
+their layout, and the cache key tells the two apart. (Every ISA's gemm_int8 giving generic's bits is tests/native: test_int8_isas_agree.)"""
 import pytest
 import torch
 
@@ -32,15 +32,24 @@ def test_packing_is_the_reference_rounding_bit_for_bit(group, H, I):
     assert torch.equal(got_dn.float(), reference.quantize_weights(down, "int8", group))
 
 
-def test_per_channel_is_the_default_and_keeps_the_row_scale_layout():
+def test_group_32_is_the_default_from_dense_weights():
     gate_up, down = random_experts(2, 64, 96)
-    _, w2 = ops.pack_experts(gate_up, down, "int8")
+    assert [packed_header(w)["group"] for w in ops.pack_experts(gate_up, down, "int8")] == [32, 32]
+    layer = KTMoE(2, 1, 64, 96, weight_format="int8", numa_parts=1)
+    layer.load_weights(gate_up, down)
+    assert layer.group_size == 32 and packed_header(layer.w2_0)["group"] == 32
+    assert ops.FORMAT_TRAITS["int8"]["default_group"] == ops.default_group_size("int8") == 32
+
+
+def test_group_size_0_is_per_channel_with_the_row_scale_layout():
+    gate_up, down = random_experts(2, 64, 96)
+    _, w2 = ops.pack_experts(gate_up, down, "int8", group_size=0)
     h = packed_header(w2)
     assert (h["group"], h["kp"]) == (96, 96)  # one group: kp
     # scales: float s[np] right at scale_offset, s[n] = max|w[n]| / 127 (the layout of every older file)
     s = w2[:, h["scale_offset"]:h["scale_offset"] + 4 * h["np"]].contiguous().view(torch.float32)
     assert torch.equal(s[:, :64], down.abs().amax(-1) / 127)
-    assert torch.equal(unpack_experts([(_, w2)])[1].float(), reference.quantize_weights(down, "int8"))
+    assert torch.equal(unpack_experts([(_, w2)])[1].float(), reference.quantize_weights(down, "int8", 0))
 
 
 @pytest.mark.parametrize("group", [0, 32, 64])
@@ -52,9 +61,49 @@ def test_forward_equals_the_reference_on_every_isa(isa, group):
     m = KTMoE(E, 2, H, I, weight_format="int8", group_size=group)
     m.load_weights(gate_up, down)
     out = m(x, ids, w)
-    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "int8", group or None),
-                                  reference.quantize_weights(down, "int8", group or None), "int8")
-    assert reference.relative_error(out, ref) < 1e-3
+    ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "int8", group),
+                                  reference.quantize_weights(down, "int8", group),
+                                  reference.format_activations("int8", group))
+    assert reference.relative_error(out, ref) < 1e-4
+
+
+def test_the_format_table_says_int8_activations_follow_the_weight_groups():
+    traits = ops.FORMAT_TRAITS
+    assert (traits["int8"]["activations"], traits["int8"]["activation_scale"]) == ("int8", "weight_group")
+    assert (traits["int4"]["activations"], traits["int4"]["activation_scale"]) == ("int8", "row")
+    assert all(r["activation_scale"] == "none" for r in traits.values() if r["activations"] == "bf16")
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_activations_get_a_scale_per_group(isa, group):
+    """A token with one huge input: per group only that input's group loses precision, so the
+    forward meets the per-group reference of its activations and not the per-row one."""
+    E, H, I, T = 2, 256, 128, 6
+    gate_up, down = random_experts(E, H, I)
+    x = torch.randn(T, H)
+    x[:, 5] = 300.0  # one outlier per token: a per-row scale would flatten every other input
+    ids, w = random_routing(T, E, 2, seed=4)
+    m = KTMoE(E, 2, H, I, weight_format="int8", group_size=group)
+    m.load_weights(gate_up, down)
+    out = m(x, ids, w)
+    wq = reference.quantize_weights(gate_up, "int8", group), reference.quantize_weights(down, "int8", group)
+    per_group = reference.moe_reference(x, ids, w, *wq, reference.format_activations("int8", group))
+    per_row = reference.moe_reference(x, ids, w, *wq, "int8")
+    assert reference.relative_error(out, per_group) < 1e-4
+    assert reference.relative_error(out, per_row) > 1e-2
+
+
+def test_a_non_finite_input_still_gives_a_non_finite_token(isa):
+    """A NaN in one group of one token: that token's output is non-finite, the others are not."""
+    E, H, I = 2, 128, 64
+    gate_up, down = random_experts(E, H, I)
+    x = torch.randn(3, H)
+    x[1, 70] = float("nan")
+    ids, w = random_routing(3, E, 2, seed=5)
+    m = KTMoE(E, 2, H, I, weight_format="int8", group_size=32)
+    m.load_weights(gate_up, down)
+    finite = m(x, ids, w).isfinite().all(-1)
+    assert finite.tolist() == [True, False, True]
 
 
 def test_groups_cut_the_heavy_tailed_error():
@@ -70,6 +119,15 @@ def test_groups_cut_the_heavy_tailed_error():
         m.load_weights(gate_up, down)
         err[group] = reference.relative_error(m(x, ids, w), ref)
     assert err[32] < 0.75 * err[0], err
+
+
+def test_a_per_channel_cache_file_is_rebuilt_for_the_default_group(tmp_path):
+    """A file packed per channel (int8's only layout before groups, keyed group 0) is stale for a layer
+    of the default group 32: rebuilt, never mapped as if it were grouped."""
+    assert not loaded(tmp_path, group_size=0).cache_hit
+    default = loaded(tmp_path)
+    assert not default.cache_hit and reason(default) == "stale: group size is 0, expected 32"
+    assert torch.equal(run(default), run(loaded(None, group_size=32)))
 
 
 @pytest.mark.parametrize("first, second", [(0, 32), (32, 0), (32, 64)])

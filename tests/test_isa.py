@@ -92,5 +92,6 @@ def test_amx_prefill_forward_meets_the_quantized_reference(fmt):
     row = next(r for r in _C.weight_formats() if r["name"] == fmt)
     used = row["default_group"] or 32
     quantized = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, fmt, used),
-                                        reference.quantize_weights(down, fmt, used), row["activations"])
+                                        reference.quantize_weights(down, fmt, used),
+                                        reference.format_activations(fmt, used))
     assert reference.relative_error(out, quantized) <= QUANTIZED_REFERENCE_TOLERANCE

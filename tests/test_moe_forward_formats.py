@@ -33,13 +33,13 @@ def test_an_unknown_format_names_the_known_ones():
 
 def _expected_bytes(row, role, n, k, group):
     """The blob size the row's fields imply (packed_format.h): header, data, scales, each 64-aligned."""
-    g = {"none": 0, "row": group or None, "chosen": group or row["default_group"]}[row["group"]]  # row: 0 per row
+    g = 0 if row["group"] == "none" else group or row["default_group"]
     kp = -(-k // (g or 32)) * (g or 32)
     np_ = 2 * -(-(n // 2) // 16) * 16 if role == "gate_up" else -(-n // 16) * 16
     data = np_ * kp * row["code_bits"] // 8
     scales = 0 if row["scales"] == "none" else np_ * (kp // (g or kp)) * row["scale_bytes"]
     up64 = lambda b: -(-b // 64) * 64  # noqa: E731
-    return up64(up64(64 + data) + scales), kp, (kp if g is None else g)
+    return up64(up64(64 + data) + scales), kp, g
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["name"] for r in ROWS])
@@ -47,12 +47,12 @@ def _expected_bytes(row, role, n, k, group):
 def test_each_row_packs_decodes_and_forwards_as_it_says(row, H, I, group):
     fmt = row["name"]
     gate_up, down = random_experts(6, H, I)
-    w13, w2 = ops.pack_experts(gate_up, down, fmt, group_size=group)
+    w13, w2 = ops.pack_experts(gate_up, down, fmt, group_size=group or None)  # 0 here: the format's default
     for w, role, n, k in ((w13, "gate_up", 2 * I, H), (w2, "down", H, I)):
         total, kp, g = _expected_bytes(row, role, n, k, group)
         h = packed_header(w)
         assert (h["format"], h["total_bytes"], w.shape[1], h["kp"], h["group"]) == (fmt, total, total, kp, g)
-    used = group or row["default_group"] or None  # None: the format's default (int8: per row)
+    used = group or row["default_group"] or None
     got_gu, got_dn, got_fmt = unpack_experts([(w13, w2)])
     assert got_fmt == fmt
     assert torch.equal(got_gu.float(), reference.quantize_weights(gate_up, fmt, used))
@@ -62,7 +62,8 @@ def test_each_row_packs_decodes_and_forwards_as_it_says(row, H, I, group):
     ids, w = random_routing(9, 6, 2)
     out = ops.moe_forward(x, ids, w, w13, w2)
     quantized = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, fmt, used),
-                                        reference.quantize_weights(down, fmt, used), row["activations"])
+                                        reference.quantize_weights(down, fmt, used),
+                                        reference.format_activations(fmt, used))
     assert reference.relative_error(out, quantized) <= QUANTIZED_REFERENCE_TOLERANCE
     assert reference.relative_error(out, reference.moe_reference(x, ids, w, gate_up, down)) <= row["accuracy_bound"]
 

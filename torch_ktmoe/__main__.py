@@ -93,7 +93,8 @@ def main(argv=None) -> int:
     pack.add_argument("checkpoint", help="checkpoint directory (or hub id) with *.safetensors")
     pack.add_argument("dir", help="cache directory (mmap_experts_dir of later runs)")
     pack.add_argument("--format", default="bf16", choices=WEIGHT_FORMATS)
-    pack.add_argument("--group-size", type=int, default=0, help="int4 group size (0: 32)")
+    pack.add_argument("--group-size", type=int, default=0,
+                      help="group size along the input of int4 / int8 / fp8 (0: the format's default, 32 / 32 / 128)")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.set_defaults(func=cmd_pack)
     insp = sub.add_parser("inspect", help="list the .ktmoe cache files of DIR: layer, part, format, "

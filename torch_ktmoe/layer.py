@@ -37,8 +37,9 @@ class KTMoE(nn.Module):
             ``part % nodes``; partial outputs are summed in fp32. Default: the
             host's NUMA node count.
         group_size: int4 / fp8 / int4_affine group size along the input dimension (default 32 / 128 /
-            128); int8: a scale per (row, group of this many inputs), default 0: one per row. Quantized
-            checkpoints with NUMA parts: each part must start at a multiple of it.
+            128); int8: a scale per (row, group of this many inputs; its activations per the same
+            groups), default 32, 0: one per row (per channel, as int8 files packed before groups).
+            Quantized checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
         warm: ``"auto"`` (default): with file-backed experts that fit in memory
             (the check ``prefetch="auto"`` makes, per model directory), the
@@ -108,7 +109,7 @@ class KTMoE(nn.Module):
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  weight_format: str = "bf16", mmap_experts_dir: Optional[str] = None,
-                 layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: int = 0,
+                 layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: Optional[int] = None,
                  hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: Union[str, bool] = "auto"):
@@ -127,7 +128,8 @@ class KTMoE(nn.Module):
             raise ValueError(f"numa_parts must be in [1, intermediate_size={intermediate_size}], got {parts}")
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
-        self.weight_format, self.layer_idx, self.group_size = weight_format, int(layer_idx), int(group_size)
+        self.weight_format, self.layer_idx = weight_format, int(layer_idx)
+        self.group_size = ops.default_group_size(weight_format) if group_size is None else int(group_size)
         self.warm_mode = warm
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)

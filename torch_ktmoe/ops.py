@@ -15,7 +15,7 @@ import torch
 from ._native import _C
 
 __all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "InferenceOnlyError",
-           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
+           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES", "default_group_size"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
 # each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
@@ -23,6 +23,15 @@ FORMAT_TRAITS = {row["name"]: row for row in _C.weight_formats()}
 WEIGHT_FORMATS = tuple(FORMAT_TRAITS)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ACTIVATIONS = ("silu", "swiglu_oai")  # the gated activation between the projections
+
+
+def default_group_size(weight_format: str) -> int:
+    """The ``group_size`` dense weights are packed with when none is given: int8's table default (32:
+    a scale per row and 32 inputs, as accurate as q8_0), since int8's ``group_size=0`` means one scale
+    per row (per-channel files, and the manifests and cache keys written for them); 0 for the other
+    formats, which the kernels resolve to their own default."""
+    row = FORMAT_TRAITS[weight_format]
+    return row["default_group"] if row["group"] == "row" else 0
 
 
 class InferenceOnlyError(RuntimeError):
@@ -79,17 +88,18 @@ def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=N
 
 
 def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str = "bf16", *,
-                 up: Optional[torch.Tensor] = None, group_size: int = 0,
+                 up: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
                  arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pack dense experts into the kernel layout.
 
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
-    ``group_size``: int4 / fp8 / int4_affine group along the input dimension (0: the format's default,
-    32 / 128 / 128). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
+    ``group_size``: int4 / fp8 / int4_affine group along the input dimension (None or 0: the format's
+    default, 32 / 128 / 128). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
     checkpoint's own codes, scales and zero points are packed exactly by :func:`pack_int4_affine_experts`).
-    int8: a scale per (row, group of ``group_size`` inputs), 0: one per row.
+    int8: a scale per (row, group of ``group_size`` inputs; None: 32, :func:`default_group_size`), 0:
+    one per row (per channel); its activations are quantized per the same groups.
     ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
     (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
 
@@ -97,6 +107,8 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     ``ktmoe::pack_experts_out``; then the arena's file starts writing back, so
     packing more than RAM does not pile up dirty page cache.
     """
+    if group_size is None:
+        group_size = default_group_size(weight_format) if weight_format in FORMAT_TRAITS else 0  # the op names a bad one
     if arena is None:
         return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size)
     shape13, shape2 = _C.packed_sizes(gate_up, up, down, weight_format, group_size)  # checks the arguments

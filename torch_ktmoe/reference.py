@@ -4,6 +4,8 @@ Written from the format definitions in csrc/kernels/packed_format.h with plain
 torch ops (no native code), so kernel tests compare against something that
 shares nothing with the kernels but the specification.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -15,8 +17,9 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", 
     x [T, H], topk_ids [T, k] (< 0 skipped), topk_weights [T, k],
     gate_up [E, 2I, H], down [E, H, I] -> [T, H] float32.
     activations: how the inputs of both matmuls are rounded first: "fp32"
-    (not at all), "bf16", or "int8" (per row, symmetric, as the int formats do), or a
-    function of a [rows, n] fp32 tensor (another library's rounding).
+    (not at all), "bf16", or "int8" (per row, symmetric: int4, per-channel int8), or a
+    function of a [rows, n] fp32 tensor (:func:`format_activations` of int8 with groups,
+    another library's rounding).
     gate_up_bias [E, 2I] (gate then up) and down_bias [E, H] are optional;
     activation: "silu" or "swiglu_oai" (see :func:`gated_activation`).
     """
@@ -52,20 +55,36 @@ def gated_activation(gate, up, activation="silu", alpha=1.702, limit=7.0):
     raise ValueError(f"unknown activation {activation!r}")
 
 
-def quantize_rows_int8(x):
-    """Per-row symmetric int8 of activations, dequantized: scale = max|x| / 127."""
-    scale = x.abs().amax(-1, keepdim=True) / 127
+def quantize_rows_int8(x, group=None):
+    """Symmetric int8 of activations x [..., k], dequantized: scale = max|x| / 127 per row
+    (``group`` None or 0) or per (row, group of ``group`` columns, the last one partial),
+    1 where that is 0; q = x / scale rounded half away from zero, clamped to ±127."""
+    *lead, k = x.shape
+    g = group or k
+    pad = (-k) % g
+    xg = F.pad(x, (0, pad)).reshape(*lead, (k + pad) // g, g)
+    scale = xg.abs().amax(-1, keepdim=True) / 127
     scale = torch.where(scale > 0, scale, 1)
-    return _round_half_away(x / scale).clamp(-127, 127) * scale
+    return (_round_half_away(xg / scale).clamp(-127, 127) * scale).reshape(*lead, k + pad)[..., :k]
 
 
-def format_activations(weight_format):
-    """How a format's kernels round the activations they multiply."""
-    return "bf16" if weight_format in ("bf16", "fp8", "int4_affine") else "int8"
+def format_activations(weight_format, group=None):
+    """How a format's kernels round the activations they multiply: "bf16", "int8" (a scale per
+    row: int4, and int8 with ``group`` 0, per channel), or for int8 with groups (``group`` None:
+    the default 32) the function that quantizes per (row, group) as its weights are."""
+    if weight_format in ("bf16", "fp8", "int4_affine"):
+        return "bf16"
+    group = INT8_DEFAULT_GROUP if weight_format == "int8" and group is None else group
+    if weight_format == "int8" and group:
+        return functools.partial(quantize_rows_int8, group=group)
+    return "int8"
 
 
 def _bf16(t):
     return t.to(torch.bfloat16).float()
+
+
+INT8_DEFAULT_GROUP = 32  # the group dense weights are packed with when none is given
 
 
 def quantize_int8(w, group=None):
@@ -180,11 +199,12 @@ def dequantize_int4_affine(codes, scale, zero=None, group=128):
 
 def quantize_weights(w, weight_format, group=None):
     """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
-    format's default (int8 per output channel, int4 32, fp8 128, int4_affine 128)."""
+    format's default (int8 32, int4 32, fp8 128, int4_affine 128); int8 with ``group`` 0: per
+    output channel."""
     if weight_format == "bf16":
         return _bf16(w)
     if weight_format == "int8":
-        return quantize_int8(w, group)
+        return quantize_int8(w, INT8_DEFAULT_GROUP if group is None else group)
     if weight_format == "int4":
         return quantize_int4(w, group or 32)
     if weight_format == "fp8":

@@ -20,7 +20,9 @@
 namespace ktmoe {
 
 // int8 activations of M rows (see packed_format.h): q [M, ldq] signed, kp used;
-// scale [M]; gsum [M, gsum_ld] with kp / group sums per row.
+// scale [M, kp / scale_group] contiguous, the format's ActivationScale (weight_formats.h):
+// kINT8 one per (row, weight group: scale_group = header.group), kINT4 one per row
+// (scale_group = kp); gsum [M, gsum_ld] with kp / group sums per row.
 struct QuantizedRows {
   const int8_t* q;
   int64_t ldq;
@@ -51,12 +53,15 @@ struct IsaKernels {
   void (*swiglu_oai)(const float* gate, const float* up, float* h, int64_t n, float alpha,
                      float limit);
 
-  // Quantize M rows of x [M, ldx] (k valid columns) to int8: scale[m] = max|x|/127
-  // (1 if the row is all zero), q[m][c] = round-half-away(x/scale) for c < k, 0 for
-  // k <= c < kp; gsum[m][G] = Σ q over columns [G*group, (G+1)*group), G < kp/group.
+  // Quantize M rows of x [M, ldx] (k valid columns) to int8, one scale per (row m, scale group
+  // S of scale_group columns, S < kp / scale_group; scale_group = kp: one per row):
+  // scale[m * (kp / scale_group) + S] = max|x| / 127 over the group's columns < k (1 if that is
+  // not > 0), q[m][c] = round-half-away(x / its group's scale) for c < k, 0 for k <= c < kp;
+  // a group holding a NaN or Inf gets scale NaN and q 0. gsum[m][G] = Σ q over columns
+  // [G*group, (G+1)*group), G < kp/group. group and scale_group divide kp.
   void (*quantize_rows)(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp,
-                        int64_t group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,
-                        int64_t gsum_ld);
+                        int64_t group, int64_t scale_group, int8_t* q, int64_t ldq, float* scale,
+                        int32_t* gsum, int64_t gsum_ld);
 
   // y[i] = bf16(x[i]) with round-to-nearest-even (NaN stays NaN), i < n.
   void (*to_bf16)(const float* x, uint16_t* y, int64_t n);
@@ -88,7 +93,8 @@ struct IsaKernels {
   void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha,           \
                   float limit);                                                                   \
   void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group, \
-                     int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld);       \
+                     int64_t scale_group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,    \
+                     int64_t gsum_ld);                                                            \
   void to_bf16(const float* x, uint16_t* y, int64_t n);                                           \
   void f16_to_f32(const uint16_t* x, float* y, int64_t n);                                        \
   void f32_to_f16(const float* x, uint16_t* y, int64_t n);                                        \

@@ -6,7 +6,7 @@
 // Sizes and formats come from the packed headers (expert 0's; all experts of a
 // layer share them): w13 is kGateUp with n = 2I, k = H; w2 is kDown with n = H,
 // k = I. Each matrix's activations are prepared in that matrix's format
-// (bf16 rows, or int8 rows + scale + sums per header.group), so w13 and w2 may
+// (bf16 rows, or int8 rows + scales and sums per header.group), so w13 and w2 may
 // even use different formats.
 //
 // moe_forward() runs these phases in order, each a function with its own [NOTE]
@@ -140,12 +140,13 @@ struct Layout {
 };
 
 // Rows of activations in the format one packed matrix multiplies (its traits'
-// activations): bf16 rows [rows, kp], or int8 rows [rows, kp] + scale [rows] +
-// group sums [rows, ngroups].
+// activations): bf16 rows [rows, kp], or int8 rows [rows, kp] + scales [rows, nscales]
+// (the traits' activation_scale: per row, or per weight group) + group sums [rows, ngroups].
 struct ActRows {
   const WeightFormatTraits* traits = nullptr;
   bool bf16_rows = true;
   int64_t kp = 0, group = 0, ngroups = 0;
+  int64_t scale_group = 0, nscales = 0;  // int8 rows: columns per scale, scales per row
   int64_t ld = 0;  // bf16 row stride (elements): kp + 32, so rows are not 4 KiB apart (L1 sets)
   uint16_t* bf16 = nullptr;
   int8_t* q = nullptr;
@@ -164,8 +165,10 @@ struct ActRows {
       off_bf16 = layout.take(size_t(rows) * ld * 2);
     } else {
       ngroups = kp / group;
+      scale_group = traits->activation_scale_group(kp, group);
+      nscales = kp / scale_group;
       off_q = layout.take(size_t(rows) * kp);
-      off_scale = layout.take(size_t(rows) * 4);
+      off_scale = layout.take(size_t(rows) * nscales * 4);
       off_gsum = layout.take(size_t(rows) * ngroups * 4);
     }
   }
@@ -179,7 +182,7 @@ struct ActRows {
     }
   }
   QuantizedRows quantized(int64_t r) const {
-    return {q + r * kp, kp, scale + r, gsum + r * ngroups, ngroups};
+    return {q + r * kp, kp, scale + r * nscales, gsum + r * ngroups, ngroups};
   }
   // Row dst of this = row src of other (same activations and sizes).
   void copy_row_from(const ActRows& other, int64_t src, int64_t dst) const {
@@ -187,7 +190,7 @@ struct ActRows {
       std::memcpy(bf16 + dst * ld, other.bf16 + src * other.ld, size_t(kp) * 2);
     } else {
       std::memcpy(q + dst * kp, other.q + src * kp, size_t(kp));
-      scale[dst] = other.scale[src];
+      std::memcpy(scale + dst * nscales, other.scale + src * nscales, size_t(nscales) * 4);
       std::memcpy(gsum + dst * ngroups, other.gsum + src * ngroups, size_t(ngroups) * 4);
     }
   }
@@ -321,7 +324,8 @@ Routing route(const MoeProblem& p) {
 //   g_rows [P]  the same, gathered per row (expert-contiguous: gemm's M rows)
 //   h_rows [P]  h in w2's activation format
 // ActRows in kBF16: bf16 [rows, kp + 32]; in kINT8 / kINT4: int8 [rows, kp] +
-// scale fp32 [rows] + group sums int32 [rows, kp / group].
+// scales fp32 [rows, kp / scale_group] (kINT8: one per weight group; kINT4: one per row) +
+// group sums int32 [rows, kp / group].
 struct Shapes {
   const PackedMatrixHeader* h13;
   const PackedMatrixHeader* h2;
@@ -403,8 +407,8 @@ void prepare_activations(const MoeProblem& p, const IsaKernels& isa, const Paral
         std::fill(dst + H, dst + xa.kp, uint16_t{0});
       }
     } else {
-      isa.quantize_rows(src + t0 * H, H, t1 - t0, H, xa.kp, xa.group, xa.q + t0 * xa.kp, xa.kp,
-                        xa.scale + t0, xa.gsum + t0 * xa.ngroups, xa.ngroups);
+      isa.quantize_rows(src + t0 * H, H, t1 - t0, H, xa.kp, xa.group, xa.scale_group, xa.q + t0 * xa.kp, xa.kp,
+                        xa.scale + t0 * xa.nscales, xa.gsum + t0 * xa.ngroups, xa.ngroups);
     }
   });
   const ActRows& ga = b.g_rows;
@@ -459,8 +463,9 @@ void gate_up_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor
 }
 
 // [NOTE] h [P, ip] fp32 -> h_rows [P] in w2's format (bf16 rows, or int8 rows +
-// scale + group sums over the I valid columns, zero padded to kp). After all
-// gate/up items: an int8 row needs its whole row's max. Items: row ranges (grain 16).
+// scales + group sums over the I valid columns, zero padded to kp). After all
+// gate/up items: an int8 row (or group) needs its max over columns from several items.
+// Items: row ranges (grain 16).
 void prepare_hidden_rows(const IsaKernels& isa, const ParallelFor& parallel_for, int64_t P, const Shapes& sh,
                          const Buffers& b) {
   const int64_t inter = sh.inter, ldh = sh.ldh;
@@ -474,8 +479,8 @@ void prepare_hidden_rows(const IsaKernels& isa, const ParallelFor& parallel_for,
         std::fill(dst + inter, dst + ha.kp, uint16_t{0});
       }
     } else {
-      isa.quantize_rows(hbuf + r0 * ldh, ldh, r1 - r0, inter, ha.kp, ha.group, ha.q + r0 * ha.kp,
-                        ha.kp, ha.scale + r0, ha.gsum + r0 * ha.ngroups, ha.ngroups);
+      isa.quantize_rows(hbuf + r0 * ldh, ldh, r1 - r0, inter, ha.kp, ha.group, ha.scale_group, ha.q + r0 * ha.kp,
+                        ha.kp, ha.scale + r0 * ha.nscales, ha.gsum + r0 * ha.ngroups, ha.ngroups);
     }
   });
 }

@@ -17,27 +17,37 @@
 namespace ktmoe {
 namespace {
 
+constexpr int64_t kDefaultInt8Group = 32;  // q8_0's block
+
 // Columns in WeightFormatTraits order: id, name, code_bits, k_run, group, default_group, scales, scale_bytes,
-// activations, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
+// activations, activation_scale, gemm_name, gemm_bf16, gemm_int8, codes, code_offset, codebook, accuracy_bound.
 // fp8 (fp8_format.h): group 128 is DeepSeek-V3's weight_block_size; packed from dense weights its
 // scales are amax / 448 per (row, group), from an FP8 checkpoint the checkpoint's own (exact).
-// int8: per output row by default (group = kp), or per (row, group of group_size inputs); one
-// group's (block, group) fp32 records are the per-row s[np] of files packed before groups existed.
+// int8: per (row, group of group_size inputs), or per output row with group_size 0 (group = kp);
+// one group's (block, group) fp32 records are the per-row s[np] of files packed before groups
+// existed. default_group 32 is the group the Python loaders pack dense weights with when none is
+// given (ops.default_group_size): as accurate as q8_0 (benchmarks/RESULTS.md, Accuracy); its
+// group_size 0 stays one group per row, so per-channel files and manifests read as written.
+// Its activations are quantized per the same groups (as q8_0's): the heavy-tail error is the
+// activations' as much as the weights'. Per channel that is one scale per row.
+// int4 (codebook) keeps one activation scale per row: its 4-bit weights dominate its error.
 // int4_affine (int4_affine_format.h): group 128 is GPTQ / AWQ's; from dense weights GPTQ's min/max
 // rounded to nearest (no error feedback): layer error 0.16-0.18 at group 128, 0.14 at group 32.
 constexpr WeightFormatTraits kRows[] = {
     {WeightFormat::kBF16, "bf16", 16, 2, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
-     "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
-    {WeightFormat::kINT8, "int8", 8, 4, GroupRule::kRow, 0, ScaleLayout::kF32PerBlockGroup, 4, ActivationRows::kInt8,
-     "gemm_int8", nullptr, &IsaKernels::gemm_int8, CodeValue::kOffset, 128, nullptr, 0.03},
+     ActivationScale::kNone, "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
+    {WeightFormat::kINT8, "int8", 8, 4, GroupRule::kRow, kDefaultInt8Group, ScaleLayout::kF32PerBlockGroup, 4,
+     ActivationRows::kInt8, ActivationScale::kPerWeightGroup, "gemm_int8", nullptr, &IsaKernels::gemm_int8,
+     CodeValue::kOffset, 128, nullptr, 0.03},
     {WeightFormat::kINT4, "int4", 4, 8, GroupRule::kChosen, kDefaultInt4Group, ScaleLayout::kBF16PerBlockGroup, 2,
-     ActivationRows::kInt8, "gemm_int4", nullptr, &IsaKernels::gemm_int4, CodeValue::kCodebook, 0, kInt4Levels,
-     0.15},
+     ActivationRows::kInt8, ActivationScale::kPerRow, "gemm_int4", nullptr, &IsaKernels::gemm_int4,
+     CodeValue::kCodebook, 0, kInt4Levels, 0.15},
     {WeightFormat::kFP8, "fp8", 8, 2, GroupRule::kChosen, kFp8BlockGroup, ScaleLayout::kF32PerBlockGroup, 4,
-     ActivationRows::kBF16, "gemm_fp8", &IsaKernels::gemm_fp8, nullptr, CodeValue::kE4m3, 0, nullptr, 0.08},
+     ActivationRows::kBF16, ActivationScale::kNone, "gemm_fp8", &IsaKernels::gemm_fp8, nullptr, CodeValue::kE4m3, 0,
+     nullptr, 0.08},
     {WeightFormat::kINT4A, "int4_affine", 4, 4, GroupRule::kChosen, kInt4AffineDefaultGroup,
-     ScaleLayout::kF32U8ZeroPerBlockGroup, 5, ActivationRows::kBF16, "gemm_int4_affine", &IsaKernels::gemm_int4_affine,
-     nullptr, CodeValue::kAffine, 0, nullptr, 0.2},
+     ScaleLayout::kF32U8ZeroPerBlockGroup, 5, ActivationRows::kBF16, ActivationScale::kNone, "gemm_int4_affine",
+     &IsaKernels::gemm_int4_affine, nullptr, CodeValue::kAffine, 0, nullptr, 0.2},
 };
 constexpr int kCount = int(sizeof(kRows) / sizeof(kRows[0]));
 
@@ -53,8 +63,9 @@ constexpr bool rows_are_consistent() {
     if (name_length(r.name) == 0 || name_length(r.name) >= 16) return false;  // the cache key's char[16]
     const bool bf16_gemm = r.gemm_bf16 != nullptr, int8_gemm = r.gemm_int8 != nullptr;
     if (int(r.id) != i || bf16_gemm == int8_gemm || bf16_gemm != (r.activations == ActivationRows::kBF16) ||
+        bf16_gemm != (r.activation_scale == ActivationScale::kNone) ||
         (r.scales == ScaleLayout::kNone) != (r.scale_bytes == 0) ||
-        (r.group == GroupRule::kChosen) != (r.default_group > 0) ||
+        (r.group == GroupRule::kNone) != (r.default_group == 0) ||
         (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr) ||
         (r.codes == CodeValue::kE4m3 && r.scales != ScaleLayout::kF32PerBlockGroup) ||
         (r.codes == CodeValue::kAffine) != (r.scales == ScaleLayout::kF32U8ZeroPerBlockGroup) || r.k_run < 2)
@@ -63,7 +74,8 @@ constexpr bool rows_are_consistent() {
   return true;
 }
 static_assert(rows_are_consistent(),
-              "weight format rows: names of 1..15 characters, in id order, the gemm entry of their activations, scales / group / codebook "
+              "weight format rows: names of 1..15 characters, in id order, the gemm entry of their activations (int8 rows with "
+              "a scale rule), scales / group / codebook "
               "fields that agree");
 
 }  // namespace

@@ -8,8 +8,9 @@
 //                       the Python list (_C.weight_formats(), ops.WEIGHT_FORMATS)
 //   code_bits, k_run,   the header and blob sizes (pack.cpp packed_matrix_header,
 //   scales              packed_format.h block_data_bytes, packed_header_check.cpp)
-//   activations, gemm   what the driver feeds the format's gemm and which IsaKernels
-//                       entry it calls (moe_driver.cpp); every ISA fills every entry
+//   activations,        what the driver feeds the format's gemm (bf16 or int8 rows, and for
+//   activation_scale,   int8 rows one scale per row or per weight group) and which IsaKernels
+//   gemm                entry it calls (moe_driver.cpp); every ISA fills every entry
 //   codes, codebook,    how Python's unpack (torch_ktmoe/unpack.py) turns codes and
 //   code_offset         scales back into weights
 //   accuracy_bound      the error each format must meet in the tests (tests/conftest.py)
@@ -50,7 +51,15 @@ enum class ScaleLayout : uint8_t {
 // The activation rows a format's gemm multiplies (prepared by the driver).
 enum class ActivationRows : uint8_t {
   kBF16 = 0,  // bf16 rows [M, lda]
-  kInt8 = 1,  // int8 rows + per-row scale + per-group sums (QuantizedRows)
+  kInt8 = 1,  // int8 rows + scales (ActivationScale) + per-group sums (QuantizedRows)
+};
+
+// The scales of kInt8 activation rows: the columns that share one (quantize_rows' scale_group).
+enum class ActivationScale : uint8_t {
+  kNone = 0,            // kBF16 rows
+  kPerRow = 1,          // one fp32 scale per row (scale_group = kp)
+  kPerWeightGroup = 2,  // one per (row, weight group of header.group inputs): scale_group = group, so a
+                        // group's int32 sum is scaled by s_w[n, G] · s_x[row, G] (per channel: one group)
 };
 
 // How a stored code becomes a weight (before its scale).
@@ -78,6 +87,7 @@ struct WeightFormatTraits {
   ScaleLayout scales;
   int scale_bytes;             // bytes of one scale (0 without scales; int4_affine: 4 of s + 1 of z)
   ActivationRows activations;
+  ActivationScale activation_scale;
   const char* gemm_name;       // the IsaKernels entry, by name
   GemmBF16Entry gemm_bf16;     // exactly one of the two is set, matching activations
   GemmInt8Entry gemm_int8;
@@ -85,6 +95,11 @@ struct WeightFormatTraits {
   int code_offset;             // kOffset
   const int* codebook;         // kCodebook: 1 << code_bits levels
   double accuracy_bound;       // mean|out - ref| / mean|ref| against fp32 experts (tests)
+
+  // The columns of a kp-column activation row one scale covers (kInt8 rows of a matrix of header.group).
+  int64_t activation_scale_group(int64_t kp, int64_t group) const {
+    return activation_scale == ActivationScale::kPerWeightGroup ? group : kp;
+  }
 
   // Bits per weight including scales, at the default group (kRow: scales not counted).
   double bits_per_weight() const {

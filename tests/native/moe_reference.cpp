@@ -60,6 +60,7 @@ std::vector<double> reference(const MoeWeights& M, const MoeInput& in, bool emul
   std::vector<double> gu(static_cast<size_t>(2 * I)), y(static_cast<size_t>(H));
   std::vector<float> hf(static_cast<size_t>(I));
   std::vector<int8_t> q(static_cast<size_t>(round_up(std::max(H, I), 256)));
+  std::vector<float> qs(q.size() / 32);  // the scales of q: per row, or per group (of 32 or more)
   std::vector<double> xa(static_cast<size_t>(H)), ha(static_cast<size_t>(I));
   for (int64_t t = 0; t < in.T; ++t) {
     const float* x = in.x.data() + t * H;
@@ -69,9 +70,11 @@ std::vector<double> reference(const MoeWeights& M, const MoeInput& in, bool emul
       // activations of gate/up
       if (!emulate || M.f13 == WeightFormat::kBF16) {
         for (int64_t c = 0; c < H; ++c) xa[c] = emulate ? ref_bf16_value(x[c]) : x[c];
-      } else {
-        const float s = ref_quantize_row(x, H, H, q.data());
-        for (int64_t c = 0; c < H; ++c) xa[c] = double(s) * q[c];
+      } else {  // int8 rows: a scale per (row, group) for kINT8, per row for kINT4
+        const Decoded& D = M.d13[e];
+        const int64_t sg = M.f13 == WeightFormat::kINT8 ? D.g : D.kp;
+        ref_quantize_groups(x, H, D.kp, sg, q.data(), qs.data());
+        for (int64_t c = 0; c < H; ++c) xa[c] = double(qs[c / sg]) * q[c];
       }
       for (int64_t r = 0; r < 2 * I; ++r) {
         double s = 0;
@@ -97,8 +100,11 @@ std::vector<double> reference(const MoeWeights& M, const MoeInput& in, bool emul
           step[i] = std::fabs(double(a) - double(b));
         }
       } else {
-        const float s = ref_quantize_row(hf.data(), I, I, q.data());
+        const Decoded& D = M.d2[e];
+        const int64_t sg = M.f2 == WeightFormat::kINT8 ? D.g : D.kp;
+        ref_quantize_groups(hf.data(), I, D.kp, sg, q.data(), qs.data());
         for (int64_t i = 0; i < I; ++i) {
+          const float s = qs[i / sg];
           ha[i] = double(s) * q[i];
           const double lo = std::round(hf[i] * (1 - kHMargin) / s), hi = std::round(hf[i] * (1 + kHMargin) / s);
           step[i] = lo != hi ? double(s) : 0.0;

@@ -2,8 +2,8 @@
 //
 // None of this calls the code under test: bf16 rounding picks the nearer of the two
 // neighbouring bf16 values in double arithmetic (ties to even), not the bit trick of
-// bf16_scalar.h; fp16 values come from their fields in double; the int8 row quantizer is
-// the spec of quantize_rows written out again.
+// bf16_scalar.h; fp16 values come from their fields in double; the int8 row quantizer (per
+// row or per group of columns) is the spec of quantize_rows written out again.
 #pragma once
 
 #include <algorithm>
@@ -69,23 +69,29 @@ inline uint16_t ref_bf16(float f) {
 }
 inline float ref_bf16_value(float f) { return bf16_value(ref_bf16(f)); }
 
-// Independent int8 row quantizer (spec of quantize_rows). A row holding a NaN
-// or Inf: scale NaN, q 0 (so the token's output is non-finite).
+// Independent int8 quantizer of one row (spec of quantize_rows): a scale per group of
+// scale_group columns (kp: one for the row), s[kp / scale_group]. A group holding a NaN or
+// Inf: scale NaN, q 0 (so the token's output is non-finite).
+inline void ref_quantize_groups(const float* x, int64_t k, int64_t kp, int64_t scale_group, int8_t* q, float* s) {
+  for (int64_t S = 0; S < kp / scale_group; ++S) {
+    const int64_t c0 = S * scale_group, c1 = std::min(k, c0 + scale_group);
+    bool finite = true;
+    float amax = 0.f;
+    for (int64_t c = c0; c < c1; ++c) finite = finite && std::isfinite(x[c]), amax = std::max(amax, std::fabs(x[c]));
+    float sg = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    if (finite && !(sg > 0.f)) sg = 1.f;
+    s[S] = sg;
+    for (int64_t c = c0; c < c0 + scale_group; ++c) {
+      const float v = c < k && finite ? std::round(x[c] / sg) : 0.f;
+      q[c] = int8_t(std::min(127.f, std::max(-127.f, v)));
+    }
+  }
+}
+
+// The same with one scale for the row, returned.
 inline float ref_quantize_row(const float* x, int64_t k, int64_t kp, int8_t* q) {
-  bool finite = true;
-  for (int64_t c = 0; c < k; ++c) finite = finite && std::isfinite(x[c]);
-  if (!finite) {
-    for (int64_t c = 0; c < kp; ++c) q[c] = 0;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  float amax = 0.f;
-  for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
-  float s = amax / 127.f;
-  if (!(s > 0.f)) s = 1.f;
-  for (int64_t c = 0; c < kp; ++c) {
-    float v = c < k ? std::round(x[c] / s) : 0.f;
-    q[c] = int8_t(std::min(127.f, std::max(-127.f, v)));
-  }
+  float s;
+  ref_quantize_groups(x, k, kp, kp, q, &s);
   return s;
 }
 

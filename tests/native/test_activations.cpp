@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -70,9 +71,11 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
   int64_t bad = 0, cases = 0;
   for (int64_t k : {1, 31, 200}) {
     const int64_t kp = round_up(k, 32);
-    for (int64_t group : {int64_t(32), kp}) {
+    // (sum group, scale group): a scale per row (kINT4; kINT8 per channel) or per sum group (kINT8)
+    const std::pair<int64_t, int64_t> groups[] = {{32, kp}, {kp, kp}, {32, 32}};
+    for (auto [group, scale_group] : groups) {
       for (int64_t m : {1, 3, 17}) {
-        const int64_t ldx = k + 3, ldq = kp + 16, ng = kp / group, gld = ng + 2;
+        const int64_t ldx = k + 3, ldq = kp + 16, ng = kp / group, gld = ng + 2, ns = kp / scale_group;
         std::vector<float> x(static_cast<size_t>(m * ldx), 1e9f);  // junk past k must be ignored
         for (int64_t r = 0; r < m; ++r)
           for (int64_t c = 0; c < k; ++c) x[size_t(r * ldx + c)] = float(rng.gauss() * (r + 1));
@@ -88,13 +91,14 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
           for (int64_t c = 10; c < k; ++c) x[size_t(2 * ldx + c)] = float(c % 7) - 3.f;
         }
         std::vector<int8_t> q(static_cast<size_t>(m * ldq), int8_t(99));
-        std::vector<float> s(static_cast<size_t>(m) + 1, -1.f);
+        std::vector<float> s(static_cast<size_t>(m * ns) + 1, -1.f);
         std::vector<int32_t> gs(static_cast<size_t>(m * gld), 12345);
-        isa.quantize_rows(x.data(), ldx, m, k, kp, group, q.data(), ldq, s.data(), gs.data(), gld);
+        isa.quantize_rows(x.data(), ldx, m, k, kp, group, scale_group, q.data(), ldq, s.data(), gs.data(), gld);
         for (int64_t r = 0; r < m; ++r) {
           std::vector<int8_t> rq(static_cast<size_t>(kp));
-          const float rs = ref_quantize_row(x.data() + r * ldx, k, kp, rq.data());
-          bad += f32_bits(s[r]) != f32_bits(rs);
+          std::vector<float> rs(static_cast<size_t>(ns));
+          ref_quantize_groups(x.data() + r * ldx, k, kp, scale_group, rq.data(), rs.data());
+          for (int64_t S = 0; S < ns; ++S) bad += f32_bits(s[size_t(r * ns + S)]) != f32_bits(rs[S]);
           for (int64_t c = 0; c < kp; ++c) bad += q[size_t(r * ldq + c)] != rq[c];
           for (int64_t c = kp; c < ldq; ++c) bad += q[size_t(r * ldq + c)] != 99;
           for (int64_t G = 0; G < ng; ++G) {
@@ -104,13 +108,13 @@ void test_quantize(const IsaKernels& isa, Rng& rng) {
           }
           for (int64_t G = ng; G < gld; ++G) bad += gs[size_t(r * gld + G)] != 12345;
         }
-        bad += s[m] != -1.f;
+        bad += s[size_t(m * ns)] != -1.f;
         ++cases;
       }
     }
   }
-  CHECK(bad == 0, strf("quantize_rows [%s] %lld shapes (k={1,31,200}, group={32,kp}, M={1,3,17}, "
-                       "zero row, .5 ties, NaN/Inf rows): q, scale, group sums exact (mismatches %lld)",
+  CHECK(bad == 0, strf("quantize_rows [%s] %lld shapes (k={1,31,200}, group={32,kp}, scales per row or per group, "
+                       "M={1,3,17}, zero row, .5 ties, NaN/Inf groups): q, scales, group sums exact (mismatches %lld)",
                        isa.name, (long long)cases, (long long)bad));
 }
 

@@ -221,8 +221,8 @@ void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < k; ++c) abf[size_t(r * lda + c)] = ref_bf16(a[size_t(r * k + c)]);
     } else {  // the generic quantizer (tested against its spec in test_activations)
-      generic_kernels().quantize_rows(a.data(), k, m, k, kp, f == WeightFormat::kINT4 ? D.g : kp, q.data(), lda,
-                                      sx.data(), gsum.data(), gld);
+      generic_kernels().quantize_rows(a.data(), k, m, k, kp, f == WeightFormat::kINT4 ? D.g : kp, kp, q.data(), lda,
+                                      sx.data(), gsum.data(), gld);  // one scale per row: int4, int8 per channel
     }
     const QuantizedRows aq{q.data(), lda, sx.data(), gsum.data(), gld};
     // The scalar expectation of every (row, packed column), bit for bit.
@@ -290,6 +290,22 @@ void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role
     }
   }
   const double rel = dense_num / dense_den, bound = format_bound(f);
+  if (f == WeightFormat::kINT8 && k > 32) {  // grouped int8 (activation scales per group): avx512's, not the tiles'
+    const PackedMatrixHeader hg = packed_matrix_header(f, role, n, k, 32);
+    const AlignedBytes grouped = pack(hg, w);
+    std::vector<int8_t> q(size_t(16 * hg.kp), 0);
+    std::vector<float> sx(size_t(16 * hg.kp / 32), 1.f), c(size_t(16 * hg.np));
+    std::vector<int32_t> gsum(size_t(16 * hg.kp / 32), 0);
+    bool refused = false;
+    try {
+      amx::gemm_int_tiles<Emu>(amx::TileFormat::kINT8, reinterpret_cast<const PackedMatrixHeader*>(grouped.get()),
+                               QuantizedRows{q.data(), hg.kp, sx.data(), gsum.data(), hg.kp / 32}, 16, 0, 1,
+                               c.data(), hg.np);
+    } catch (const std::invalid_argument& e) {
+      refused = std::string(e.what()).find("grouped int8") != std::string::npos;
+    }
+    CHECK(refused, "amx int8 tiles refuse grouped int8 by name (gemm_int8 routes it to avx512)");
+  }
   CHECK(bits && guards && other && rel <= bound,
         strf("amx gemm_%s on the emulator %s n=%lld k=%lld (kp %lld) g=%lld M={1,15,16,17,33,48}: bits vs "
              "scalar %s, guards %s, %s %s, rel err vs dense %.4f (<= %.2f)",

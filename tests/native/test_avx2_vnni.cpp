@@ -30,7 +30,8 @@ using namespace ktmoe;
 
 namespace {
 
-// Int8 activation rows: q [m][ldq] (ldq > kp), scale [m], gsum [m][gld] over `group`.
+// Int8 activation rows: q [m][ldq] (ldq > kp), scale [m][ns] (ns: 1 per row, or kp / group for int8's
+// per-group activation scales), gsum [m][gld] over `group`.
 struct Acts {
   std::vector<int8_t> q;
   std::vector<float> s;
@@ -40,15 +41,15 @@ struct Acts {
 };
 
 // extreme: row 0 all +127, row 1 all -127, the others random signs of 127; else uniform in [-127, 127].
-Acts make_acts(int64_t m, int64_t kp, int64_t group, bool extreme, Rng& rng) {
+Acts make_acts(int64_t m, int64_t kp, int64_t group, int64_t ns, bool extreme, Rng& rng) {
   Acts a;
   a.ldq = kp + 16;
   a.gld = kp / group + 1;
   a.q.assign(size_t(m * a.ldq), 0);
-  a.s.resize(size_t(m));
+  a.s.resize(size_t(m * ns));
   a.gsum.assign(size_t(m * a.gld), 0);
   for (int64_t r = 0; r < m; ++r) {
-    a.s[r] = float(0.003 * (1 + rng.below(100)));
+    for (int64_t i = 0; i < ns; ++i) a.s[size_t(r * ns + i)] = float(0.003 * (1 + rng.below(100)));
     for (int64_t c = 0; c < kp; ++c) {
       const int v = !extreme ? int(rng.below(255)) - 127 : r == 0 ? 127 : r == 1 ? -127 : rng.next() & 1 ? 127 : -127;
       a.q[size_t(r * a.ldq + c)] = int8_t(v);
@@ -75,7 +76,8 @@ void check_bits(const IsaKernels& vnni, WeightFormat f, int64_t n, int64_t k, in
   const auto gemm = [f](const IsaKernels& isa) { return f == WeightFormat::kINT8 ? isa.gemm_int8 : isa.gemm_int4; };
   int64_t differ = 0;
   for (int64_t m = 1; m <= 13; ++m) {
-    const Acts a = make_acts(m, hw->kp, hw->group, extreme, rng);
+    const int64_t ns = f == WeightFormat::kINT8 ? hw->kp / hw->group : 1;  // the format table's activation_scale
+    const Acts a = make_acts(m, hw->kp, hw->group, ns, extreme, rng);
     std::vector<float> want(size_t(m * cols)), whole(size_t(m * cols), -1.f), halves(size_t(m * cols), -1.f);
     gemm(generic_kernels())(hw, a.view(), m, 0, nb, want.data(), cols);
     gemm(vnni)(hw, a.view(), m, 0, nb, whole.data(), cols);

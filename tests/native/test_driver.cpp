@@ -25,10 +25,10 @@ struct Combo {
 
 std::string combo_name(const Combo& c) {
   std::string s = fmt_name(c.f13);
-  if (c.f13 == WeightFormat::kINT4) s += strf("(g%lld)", (long long)c.g13);
+  if (c.g13) s += strf("(g%lld)", (long long)c.g13);
   if (c.f2 != c.f13 || c.g2 != c.g13) {
     s += std::string("/") + fmt_name(c.f2);
-    if (c.f2 == WeightFormat::kINT4) s += strf("(g%lld)", (long long)c.g2);
+    if (c.g2) s += strf("(g%lld)", (long long)c.g2);
   }
   return s;
 }
@@ -40,7 +40,9 @@ void test_driver(const std::vector<Isa>& isas, Rng& rng) {
   const Combo combos[] = {{WeightFormat::kBF16, 0, WeightFormat::kBF16, 0},
                           {WeightFormat::kINT8, 0, WeightFormat::kINT8, 0},
                           {WeightFormat::kINT4, 32, WeightFormat::kINT4, 32},
-                          {WeightFormat::kINT4, 64, WeightFormat::kINT8, 0}};
+                          {WeightFormat::kINT4, 64, WeightFormat::kINT8, 0},
+                          {WeightFormat::kINT8, 32, WeightFormat::kINT8, 64},
+                          {WeightFormat::kINT8, 64, WeightFormat::kINT4, 32}};
   for (const Combo& cb : combos) {
     const MoeWeights M = make_weights(E, H, I, cb.f13, cb.g13, cb.f2, cb.g2, rng);
     for (bool bf16 : {false, true}) {

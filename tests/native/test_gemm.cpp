@@ -19,23 +19,27 @@ namespace {
 
 struct ActQ {  // quantized activations in the layout QuantizedRows describes
   std::vector<int8_t> q;
-  std::vector<float> s;
+  std::vector<float> s;  // [m, ns]
   std::vector<int32_t> gsum;
-  int64_t ldq = 0, gld = 0;
+  int64_t ldq = 0, gld = 0, ns = 1;
+  float sx(int64_t r, int64_t G) const { return s[size_t(r * ns + (ns == 1 ? 0 : G))]; }  // row r, group G
   QuantizedRows view(int64_t r0 = 0) const {
-    return {q.data() + r0 * ldq, ldq, s.data() + r0, gsum.data() + r0 * gld, gld};
+    return {q.data() + r0 * ldq, ldq, s.data() + r0 * ns, gsum.data() + r0 * gld, gld};
   }
 };
 
-ActQ quantize_acts(const std::vector<float>& a, int64_t m, int64_t k, int64_t kp, int64_t group) {
+// The format's activations: a scale per (row, weight group) for kINT8, per row for kINT4.
+ActQ quantize_acts(const std::vector<float>& a, int64_t m, int64_t k, int64_t kp, int64_t group, WeightFormat f) {
   ActQ A;
+  const int64_t scale_group = f == WeightFormat::kINT8 ? group : kp;
   A.ldq = kp + 32;
   A.gld = kp / group + 3;
+  A.ns = kp / scale_group;
   A.q.assign(size_t(m * A.ldq), 0);
-  A.s.assign(size_t(m), 0.f);
+  A.s.assign(size_t(m * A.ns), 0.f);
   A.gsum.assign(size_t(m * A.gld), 0);
   for (int64_t r = 0; r < m; ++r) {
-    A.s[r] = ref_quantize_row(a.data() + r * k, k, kp, A.q.data() + r * A.ldq);
+    ref_quantize_groups(a.data() + r * k, k, kp, scale_group, A.q.data() + r * A.ldq, A.s.data() + r * A.ns);
     for (int64_t G = 0; G < kp / group; ++G)
       for (int64_t c = G * group; c < (G + 1) * group; ++c) A.gsum[r * A.gld + G] += A.q[r * A.ldq + c];
   }
@@ -66,7 +70,7 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < k; ++c) abf[size_t(r * lda + c)] = ref_bf16(a[size_t(r * k + c)]);
     } else {
-      aq = quantize_acts(a, m, k, kp, D.g);
+      aq = quantize_acts(a, m, k, kp, D.g, f);
     }
     // tight reference per (row, packed column)
     std::vector<double> ref(static_cast<size_t>(m * D.np)), tol(size_t(m * D.np));
@@ -81,17 +85,17 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
             s += t, sa += std::fabs(t);
           }
           ref[e] = s, tol[e] = (2.0 * kp + 8) * 0x1.0p-24 * sa + 1e-30;
-        } else if (f == WeightFormat::kINT8) {  // sx · Σ_G s[pr,G] · I_G (one group: sx · s · I)
+        } else if (f == WeightFormat::kINT8) {  // Σ_G s[pr,G] · sx[r,G] · I_G (one group: s · sx · I)
           double sum = 0, sa = 0;
           for (int64_t G = 0; G < D.ng; ++G) {
             int64_t I = 0;
             for (int64_t c = G * D.g; c < (G + 1) * D.g; ++c)
               I += int64_t(D.wi[size_t(base + c)]) * aq.q[size_t(r * aq.ldq + c)];
-            const double t = double(D.d[size_t(pr * D.ng + G)]) * double(I);
+            const double t = double(D.d[size_t(pr * D.ng + G)]) * double(aq.sx(r, G)) * double(I);
             sum += t, sa += std::fabs(t);
           }
-          ref[e] = double(aq.s[r]) * sum;
-          tol[e] = 2.0 * (D.ng + 4) * 0x1.0p-24 * aq.s[r] * sa + 1e-30;
+          ref[e] = sum;
+          tol[e] = 2.0 * (D.ng + 4) * 0x1.0p-24 * sa + 1e-30;
         } else {
           double s = 0, sa = 0;
           for (int64_t G = 0; G < D.ng; ++G) {
@@ -101,8 +105,8 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
             const double t = double(D.d[pr * D.ng + G]) * I;
             s += t, sa += std::fabs(t);
           }
-          ref[e] = aq.s[r] * s;
-          tol[e] = 2.0 * (D.ng + 4) * 0x1.0p-24 * aq.s[r] * sa + 1e-30;
+          ref[e] = aq.sx(r, 0) * s;
+          tol[e] = 2.0 * (D.ng + 4) * 0x1.0p-24 * aq.sx(r, 0) * sa + 1e-30;
         }
       }
     auto run = [&](int64_t b0, int64_t b1, float* c, int64_t ldc) {
@@ -156,8 +160,9 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
              dense_rel, bound, guards ? "intact" : "OVERWRITTEN", splits ? "bit-identical" : "DIFFER"));
 }
 
-// int8 (per channel and per group): every ISA gives the bits of generic's gemm_int8 for the same
-// packed weights and activations (exact int32 sums, the same fp32 epilogue), any row count.
+// int8 (per channel and per group, the activations' scales per the same groups): every ISA gives
+// the bits of generic's gemm_int8 for the same packed weights and activations (exact int32 sums,
+// the same fp32 epilogue), any row count.
 void test_int8_isas_agree(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group,
                           Rng& rng) {
   const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT8, role, n, k, group);
@@ -167,7 +172,7 @@ void test_int8_isas_agree(const std::vector<Isa>& isas, MatrixRole role, int64_t
   for (int64_t m : {1, 2, 5, 13, 70}) {
     std::vector<float> a(size_t(m * k));
     for (auto& v : a) v = float(rng.gauss());
-    const ActQ aq = quantize_acts(a, m, k, h.kp, h.group);
+    const ActQ aq = quantize_acts(a, m, k, h.kp, h.group, WeightFormat::kINT8);
     std::vector<float> want(size_t(m * cols));
     isas[0].k->gemm_int8(hw, aq.view(), m, 0, nb, want.data(), cols);
     for (size_t i = 1; i < isas.size(); ++i) {

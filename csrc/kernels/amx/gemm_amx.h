@@ -23,7 +23,8 @@
 // Epilogues (the same float operations, in the same order, as the avx512 kernels, whose
 // integer sums are the same exact int32: so kINT8 / kINT4 give avx512's bits):
 //   kBF16: c = C (each tdpbf16ps step adds (even + odd) of its 16 k-pairs, tile_ops_emulated.h)
-//   kINT8: c = (sx[r] · s[n]) · float(C − 128·gsum[r])          C = Σ_k u·xq (tdpbsud)
+//   kINT8: c = (sx[r] · s[n]) · float(C − 128·gsum[r])          C = Σ_k u·xq (tdpbsud); per channel
+//          only: grouped int8 runs avx512's kernel (gemm_int_amx.cpp says why)
 //   kINT4: f = fma(d[n,G], float(C_G − 64·gsum[r,G]), f) over G, c = sx[r] · f
 // Every output column depends only on its own block, rows and k, so the bits do not depend
 // on the (b0, b1) split, the pairing or the thread.
@@ -34,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include "kernels/amx/tile_config.h"
 #include "kernels/isa_kernels.h"
@@ -103,6 +105,9 @@ struct TileGemm {
   static constexpr int64_t kBStepBytes = 16 * 64;  // kBF16 / kINT8 (kINT4 unpacked: 8 * 64)
 
   static void run(const TileGemmArgs& x) {
+    if (x.fmt == TileFormat::kINT8 && x.w->group != x.w->kp)
+      throw std::invalid_argument("amx int8 tiles take per-channel int8 (one group per row); grouped int8 "
+                                  "runs avx512's gemm_int8 (gemm_int_amx.cpp)");
     Ctx k;
     k.x = x;
     k.kp = x.w->kp;

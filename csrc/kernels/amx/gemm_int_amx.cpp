@@ -4,7 +4,11 @@
 // (tile B): a kINT8 k-quad row of a block (16 columns x 4 u8) is one 64-byte tile row as
 // stored; kINT4 codes are unpacked per block to u = kInt4U8[q] in the same k-quad layout,
 // one 8-row B tile per 32 k (a group is a multiple of 32), so each group's int32 sum comes
-// out of the tiles before its scale is applied.
+// out of the tiles before its scale is applied. kINT8 with groups (group < kp) runs avx512's
+// kernel: its activations carry a scale per (row, group), and a group of 32 is half of an
+// int8 tile step (64 k), so the tiles would need int4's half steps (an 8-row B tile per 32 k)
+// and an epilogue per group through the C buffer: not worth writing before AMX speed is
+// measured at all.
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
@@ -17,11 +21,11 @@ KTMOE_DECLARE_ISA_ENTRY_POINTS();
 
 namespace amx {
 
-// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and one group sum per row;
+// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and group sums per (row, group);
 // c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  if (m < prefill_min_rows()) return avx512::gemm_int8(w, a, m, b0, b1, c, ldc);
+  if (m < prefill_min_rows() || w->group != w->kp) return avx512::gemm_int8(w, a, m, b0, b1, c, ldc);
   gemm_int_tiles<NativeTileOps>(TileFormat::kINT8, w, a, m, b0, b1, c, ldc);
 }
 

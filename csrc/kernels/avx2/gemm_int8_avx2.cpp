@@ -3,7 +3,8 @@
 // Computes, for rows m < M and packed blocks b in [b0, b1), n = 16b + j (packed_format.h,
 // kINT8: per block, kp/4 k-quads of 16 columns x 4 u8 = 64 bytes, u = wq + 128):
 //   one group (per channel): c[m][16*(b-b0) + j] = (sx[m]·s[n]) · I,
-//   groups: acc = fma(s[n,G], I_G, acc) over G in order, c = sx[m] · acc,
+//   groups: acc = fma(s[n,G]·sx[m,G], I_G, acc) over G in order, c = acc (activation scales per
+//   (row, group)),
 //   I_G = Σ_{k∈G} (u[n][k] − 128)·xq[m][k]  (I: the one group).
 //
 // The dot (llama.cpp's q8_0 trick): u xor 0x80 is the signed weight wq in [-127, 127];
@@ -62,7 +63,7 @@ inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, in
 
 }  // namespace
 
-// w: packed kINT8; a: int8 rows (kp used) and scales (a.gsum is not read: the dot is
+// w: packed kINT8; a: int8 rows (kp used) and scales [M, kp / group] (a.gsum is not read: the dot is
 // Σ (u − 128)·xq directly); c: fp32 [M, ldc], 16*(b1-b0) columns.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
@@ -78,7 +79,7 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
     const int64_t rows = std::min(kRowChunk, m - r0);
     const int8_t* xq = a.q + r0 * a.ldq;
     abs_int8_rows(xq, a.ldq, rows, kp, xa);
-    const float* sx = a.scale + r0;
+    const float* sx = a.scale + r0 * (kp / g);
     float* cr = c + r0 * ldc;
     // block-outer: a block (kp*16 bytes) stays in cache while every row tile reads it
     for (int64_t b = 0; b < nblk; ++b) {
@@ -90,7 +91,7 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
           for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
           int8_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xr, a.ldq, xar, kp);
         };
-        int8_tile<MR>(kp / g, group_dot, sx + r, scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
+        int8_tile<MR>(kp / g, group_dot, sx + r * (kp / g), scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
       });
     }
   }

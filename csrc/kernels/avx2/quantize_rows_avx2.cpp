@@ -1,13 +1,14 @@
-// [NOTE] Per-row symmetric int8 quantization of activations, AVX2.
+// [NOTE] Symmetric int8 quantization of activations per (row, scale group), AVX2.
 //
-// For each row m: scale = max|x| / 127 (1 if that is not > 0: an all-zero row, or
+// For each row m and scale group of scale_group columns (kp: the whole row): scale =
+// max|x| / 127 over its columns < k (1 if that is not > 0: an all-zero group, or
 // a max so small the quotient underflows), q[c] = round-half-away-from-zero(x[c] /
 // scale) clamped to [-127, 127] for c < k, 0 for k <= c < kp, and
 // gsum[G] = Σ q over columns [G·group, (G+1)·group). The quotient is a true
 // division (vdivps), like the scalar definition, so every ISA gives the same bytes.
 // Rounding: t = x/scale, r = trunc(t); t − r is exact, and |t − r| >= 0.5 adds
-// sign(t): exactly std::round. A row holding a NaN or Inf (vmaxps drops NaN, so
-// an unordered compare finds it) gets scale = NaN, q = 0 and sums 0, as in the
+// sign(t): exactly std::round. A group holding a NaN or Inf (vmaxps drops NaN, so
+// an unordered compare finds it) gets scale = NaN and q = 0, as in the
 // generic kernel: that token's output is non-finite. 32 columns per step: 4 x 8 int32 are narrowed with
 // vpackssdw / vpacksswb and one cross-lane permute. Group sums use vpmaddubsw with
 // ones (u8 1 · s8 q, pairs ≤ 254) then vpmaddwd with ones to int32.
@@ -30,7 +31,7 @@ inline __m256i round_half_away_epi32(__m256 t) {
   return _mm256_max_epi32(_mm256_min_epi32(i, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
 }
 
-// max|x| of a row, or NaN when the row holds a NaN or Inf.
+// max|x| of x[0, k), or NaN when it holds a NaN or Inf.
 float row_absmax(const float* x, int64_t k) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
@@ -86,25 +87,28 @@ int32_t sum_int8(const int8_t* q, int64_t n) {
 
 }  // namespace
 
-// x: fp32 [M, ldx] (k valid); q: s8 [M, ldq] (kp written); scale: [M];
+// x: fp32 [M, ldx] (k valid); q: s8 [M, ldq] (kp written); scale: [M, kp / scale_group];
 // gsum: int32 [M, gsum_ld] (kp / group written).
-void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp,
-                   int64_t group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,
-                   int64_t gsum_ld) {
+void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
+                   int64_t scale_group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
+  const int64_t nscales = kp / scale_group;
   for (int64_t r = 0; r < m; ++r) {
-    const float amax = row_absmax(x + r * ldx, k);
-    if (std::isnan(amax)) {  // NaN/Inf in the row: its result must not come out finite
-      scale[r] = amax;
-      for (int64_t c = 0; c < kp; ++c) q[r * ldq + c] = 0;  // plain loops: no std:: template
-      for (int64_t G = 0; G < kp / group; ++G) gsum[r * gsum_ld + G] = 0;  // copies in ISA objects
-      continue;
+    int8_t* qr = q + r * ldq;
+    for (int64_t S = 0; S < nscales; ++S) {
+      const int64_t c0 = S * scale_group, left = k - c0;
+      const int64_t valid = left <= 0 ? 0 : left < scale_group ? left : scale_group;  // columns < k
+      const float amax = row_absmax(x + r * ldx + c0, valid);
+      float& s = scale[r * nscales + S];
+      if (std::isnan(amax)) {  // NaN/Inf in the group: its row's result must not come out finite
+        s = amax;
+        for (int64_t c = c0; c < c0 + scale_group; ++c) qr[c] = 0;  // a plain loop: no std:: template
+        continue;                                                   // copies in ISA objects
+      }
+      s = amax / 127.0f;
+      if (!(s > 0.0f)) s = 1.0f;
+      quantize_row(x + r * ldx + c0, valid, scale_group, s, qr + c0);
     }
-    float s = amax / 127.0f;
-    if (!(s > 0.0f)) s = 1.0f;
-    scale[r] = s;
-    quantize_row(x + r * ldx, k, kp, s, q + r * ldq);
-    for (int64_t G = 0; G < kp / group; ++G)
-      gsum[r * gsum_ld + G] = sum_int8(q + r * ldq + G * group, group);
+    for (int64_t G = 0; G < kp / group; ++G) gsum[r * gsum_ld + G] = sum_int8(qr + G * group, group);
   }
 }
 

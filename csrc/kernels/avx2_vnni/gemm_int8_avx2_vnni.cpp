@@ -3,7 +3,8 @@
 // Computes what avx2/gemm_int8_avx2.cpp computes (packed_format.h, kINT8: per block kp/4
 // k-quads of 16 columns x 4 u8 = 64 bytes, u = wq + 128), for rows m < M and blocks [b0, b1):
 //   one group (per channel): c[m][16*(b-b0) + j] = (sx[m]·s[n]) · I,
-//   groups: acc = fma(s[n,G], I_G, acc) over G in order, c = sx[m] · acc,
+//   groups: acc = fma(s[n,G]·sx[m,G], I_G, acc) over G in order, c = acc (activation scales per
+//   (row, group)),
 //   I_G = Σ_{k∈G} (u[n][k] − 128)·xq[m][k] = Σ_{k∈G} u·xq − 128·gsum[m][G].
 //
 // The dot: vpdpbusd (vnni_dot.h) multiplies the weight bytes u (unsigned) by the caller's xq
@@ -78,7 +79,8 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
         for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_set1_epi32(-128 * gs[i * a.gsum_ld + G]);
         vnni_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xr, a.ldq);
       };
-      avx2::int8_tile<MR>(kp / g, group_dot, a.scale + r, scales + b * blk_scales, c + r * ldc + b * 16, ldc);
+      avx2::int8_tile<MR>(kp / g, group_dot, a.scale + r * (kp / g), scales + b * blk_scales, c + r * ldc + b * 16,
+                          ldc);
     });
   }
 }

@@ -9,12 +9,13 @@
 //   swiglu_oai:    gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit) (vminps /
 //                  vmaxps with the data as 2nd operand: NaN stays NaN), then
 //                  h = g / (1 + exp(-alpha g)) * (u + 1) with the same exp.
-//   quantize_rows: scale = max|x| / 127 (1 for an all-zero row or one whose scale
+//   quantize_rows: per (row, scale group; the whole row when scale_group = kp):
+//                  scale = max|x| / 127 (1 for an all-zero group or one whose scale
 //                  underflows to 0), q = round half away from zero of (x / scale),
 //                  clamped to [-127, 127] -- a true IEEE division, as the spec
 //                  writes it, not x * (1/scale), so the int8 values match a scalar
-//                  std::round(x / scale) bit for bit; a row holding a NaN or Inf
-//                  gets scale = NaN, q = 0, sums 0 (as the generic kernel); rounding is done exactly as
+//                  std::round(x / scale) bit for bit; a group holding a NaN or Inf
+//                  gets scale = NaN, q = 0 (as the generic kernel); rounding is done exactly as
 //                  std::round: t = trunc(v), t += sign(v) where |v - t| >= 0.5
 //                  (v - t is exact). Group sums of q are exact int32.
 //   to_bf16:       round to nearest even on the integer bits (vcvtneps2bf16 would
@@ -93,39 +94,36 @@ void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float a
   }
 }
 
-// x [m, ldx] (k valid) -> q [m, ldq] (kp written, zero past k), scale [m],
-// gsum [m, gsum_ld] (kp / group sums). group is a multiple of 16 dividing kp.
+// x [m, ldx] (k valid) -> q [m, ldq] (kp written, zero past k), scale [m, kp / scale_group],
+// gsum [m, gsum_ld] (kp / group sums). group and scale_group are multiples of 16 dividing kp.
 void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
-                   int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
-  if (group <= 0) group = kp;
+                   int64_t scale_group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
+  const int64_t nscales = kp / scale_group;
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t c = 0; c < k; c += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(first_lanes(k - c), xr + c);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    float* sr = scale + r * nscales;
+    for (int64_t S = 0; S < nscales; ++S) {
+      __m512 amax = _mm512_setzero_ps();
+      __mmask16 nan = 0;
+      for (int64_t c = S * scale_group; c < (S + 1) * scale_group && c < k; c += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(first_lanes(k - c), xr + c);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      }
+      const float mx = _mm512_reduce_max_ps(amax);
+      float s = mx / 127.f;
+      if (!(s > 0.f)) s = 1.f;  // all-zero group, or max|x| so small that s underflows
+      // NaN/Inf in the group: its row's result must not come out finite
+      sr[S] = nan || !std::isfinite(mx) ? std::numeric_limits<float>::quiet_NaN() : s;
     }
-    const float mx = _mm512_reduce_max_ps(amax);
-    if (nan || !std::isfinite(mx)) {  // NaN/Inf in the row: its result must not come out finite
-      scale[r] = std::numeric_limits<float>::quiet_NaN();
-      for (int64_t c = 0; c < kp; ++c) q[r * ldq + c] = 0;  // plain loops: no std:: template
-      for (int64_t G = 0; G < kp / group; ++G) gsum[r * gsum_ld + G] = 0;  // copies in ISA objects
-      continue;
-    }
-    float s = mx / 127.f;
-    if (!(s > 0.f)) s = 1.f;  // all-zero row, or max|x| so small that s underflows
-    scale[r] = s;
-    const __m512 sv = _mm512_set1_ps(s);
-
     int8_t* qr = q + r * ldq;
     int32_t* gr = gsum + r * gsum_ld;
     __m512i gacc = _mm512_setzero_si512();
     for (int64_t c = 0; c < kp; c += 16) {
-      const __mmask16 mk = c < k ? first_lanes(k - c) : 0;
-      const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, xr + c), sv);
-      __m512i qi = _mm512_cvtps_epi32(round_half_away(v));  // integral: exact
+      const float s = sr[c / scale_group];
+      const __mmask16 mk = c < k && !std::isnan(s) ? first_lanes(k - c) : 0;  // a NaN group: q = 0
+      const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, xr + c), _mm512_set1_ps(s));
+      __m512i qi = _mm512_maskz_cvtps_epi32(mk, round_half_away(v));  // integral: exact
       qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + c), _mm512_cvtsepi32_epi8(qi));
       gacc = _mm512_add_epi32(gacc, qi);

@@ -1,6 +1,7 @@
 // [NOTE] avx512 gemm_int8 / gemm_int4 over int8 activations (QuantizedRows):
 //   kINT8, one group: c[m, j] = (sx[m] * s[n]) * (Σ_k u·xq − 128·Σ_k xq)
-//   kINT8, groups:    c[m, j] = sx[m] * Σ_G s[n,G]·( Σ_{k∈G} u·xq − 128·Σ_{k∈G} xq )  (fma per G)
+//   kINT8, groups:    c[m, j] = Σ_G (s[n,G]·sx[m,G])·( Σ_{k∈G} u·xq − 128·Σ_{k∈G} xq )  (fma per G;
+//                     the activations have a scale per (row, group): kPerWeightGroup)
 //   kINT4: c[m, j] = sx[m] * Σ_G d[n,G]·( Σ_{k∈G} u·xq − 64·Σ_{k∈G} xq )
 // with n = 16b + j (packed_format.h).
 //
@@ -14,7 +15,7 @@
 //          table (vpshufb), two vpdpbusd per row.
 // The integer sums are exact (so their order is free); the float epilogue runs
 // once per per-channel int8 matrix and once per group otherwise (subtract 128·Σxq or
-// 64·Σxq, convert, fma s or d into an fp32 accumulator) in the same order for every column, so the bits do not
+// 64·Σxq, convert, fma s·sx or d into an fp32 accumulator) in the same order for every column, so the bits do not
 // depend on the tile, the k-chunking or the (b0, b1) split. int32 is exact:
 // vpdpbusd wraps mod 2^32 and the int8 result Σ (u − 128)·xq has |.| <= 127²·kp,
 // which fits for kp < 130000 (int4 group sums are far smaller).
@@ -53,6 +54,7 @@ struct Int8Fmt {
   static constexpr WeightFormat kFormat = WeightFormat::kINT8;
   static constexpr int kKPerStep = 4;
   static constexpr bool kRowEpilogue = true;  // group = kp (per channel): finish() once per matrix
+  static constexpr bool kRowScaleLast = false;  // groups: sx[m, G] is applied per group (group_end)
   static constexpr bool kOneBlockDecode = false;  // measured: one block per tile is no faster
   static constexpr int kMaxRows[5] = {0, 12, 12, 0, 6};
   template <int MR, int NB>
@@ -94,18 +96,20 @@ struct Int8Fmt {
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), s), dot);
   }
 
-  // Groups: facc = fma(s[n,g], float(Σ u·xq − 128·Σ xq), facc)
+  // Groups: facc = fma(s[n,g] * sx[m,g], float(Σ u·xq − 128·Σ xq), facc) for rows m = m0 + i.
   template <int MR, int NB>
   static inline void group_end(__m512 (&facc)[MR][NB], const __m512i (&acc)[MR][NB],
-                               const IntCtx& x, const int32_t* gsum, int64_t gsum_ld,
+                               const IntCtx& x, int64_t m0, const int32_t* gsum, int64_t gsum_ld,
                                int64_t b, int64_t g) {
+    const float* sx = x.a.scale + m0 * x.ngroups;  // [MR, ngroups]
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(x.scales) + ((b + j) * x.ngroups + g) * 16);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const __m512i off = _mm512_set1_epi32(128 * gsum[i * gsum_ld + g]);
-        facc[i][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], off)), facc[i][j]);
+        const __m512 sxs = _mm512_mul_ps(s, _mm512_set1_ps(sx[i * x.ngroups + g]));
+        facc[i][j] = _mm512_fmadd_ps(sxs, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], off)), facc[i][j]);
       }
     }
   }
@@ -124,6 +128,7 @@ struct Int4Fmt {
   static constexpr WeightFormat kFormat = WeightFormat::kINT4;
   static constexpr int kKPerStep = 8;
   static constexpr bool kRowEpilogue = false;
+  static constexpr bool kRowScaleLast = true;  // y = sx[m] * Σ_G ... once all groups are in
   static constexpr bool kOneBlockDecode = true;  // see kInt4PfSteps
   static constexpr int kMaxRows[5] = {0, 12, 6, 0, 3};
   template <int MR, int NB>
@@ -161,10 +166,10 @@ struct Int4Fmt {
     Int8Fmt::reduce<MR, NB, S>(acc);
   }
 
-  // facc += d · float(Σ u·xq − 64·Σ xq)
+  // facc += d · float(Σ u·xq − 64·Σ xq) (the row scales sx come last)
   template <int MR, int NB>
   static inline void group_end(__m512 (&facc)[MR][NB], const __m512i (&acc)[MR][NB],
-                               const IntCtx& x, const int32_t* gsum, int64_t gsum_ld,
+                               const IntCtx& x, int64_t, const int32_t* gsum, int64_t gsum_ld,
                                int64_t b, int64_t g) {
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
@@ -259,15 +264,16 @@ struct IntGemm {
         __m512i acc[S][MR][NB];
         zero(acc);
         steps<MR, NB, S, kStride>(acc, w, x, a, g * spg, (g + 1) * spg);
-        F::template group_end<MR, NB>(facc, acc[0], x, gsum, x.a.gsum_ld, b, g);
+        F::template group_end<MR, NB>(facc, acc[0], x, m0, gsum, x.a.gsum_ld, b, g);
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const __m512 sx = _mm512_set1_ps(last ? x.a.scale[m0 + i] : 1.f);
+        const bool scale_row = F::kRowScaleLast && last;
+        const __m512 sx = _mm512_set1_ps(scale_row ? x.a.scale[m0 + i] : 1.f);
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j)  // y = sx * facc once all groups are in
+        for (int j = 0; j < NB; ++j)  // kRowScaleLast: y = sx * facc once all groups are in
           _mm512_storeu_ps(c + i * x.ldc + j * 16,
-                           last ? _mm512_mul_ps(sx, facc[i][j]) : facc[i][j]);
+                           scale_row ? _mm512_mul_ps(sx, facc[i][j]) : facc[i][j]);
       }
     }
   }
@@ -285,8 +291,8 @@ void gemm_int(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, in
 
 }  // namespace
 
-// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and one group sum per
-// row; c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
+// w: kINT8 matrix; a: M int8 rows (kp columns) with scales and group sums per (row,
+// group); c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
   gemm_int<Int8Fmt>(w, a, m, b0, b1, c, ldc);

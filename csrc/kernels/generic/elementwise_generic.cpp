@@ -3,11 +3,12 @@
 //   swiglu_oai     gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
 //                  h = g / (1 + exp(-alpha g)) * (u + 1) (= g·sigmoid(alpha g)·(u + 1));
 //                  the comparisons are written so that NaN stays NaN, as torch.clamp.
-//   quantize_rows  per row: scale = max|x| / 127 (1 if the row is all zero),
-//                  q = round-half-away-from-zero(x / scale) in [-127, 127], zero
-//                  padding to kp, and the int32 sums of q per group of columns.
-//                  A row holding a NaN or Inf gets scale = NaN, q = 0, sums 0, so
-//                  that token's output is non-finite as in bf16 (every ISA alike).
+//   quantize_rows  per (row, scale group of columns; one per row when scale_group = kp):
+//                  scale = max|x| / 127 (1 if the group is all zero), q =
+//                  round-half-away-from-zero(x / scale) in [-127, 127], zero padding
+//                  to kp, and the int32 sums of q per group of columns. A group holding
+//                  a NaN or Inf gets scale = NaN, q = 0, so that token's output is
+//                  non-finite as in bf16 (every ISA alike).
 //   to_bf16        fp32 -> bf16, round-to-nearest-even, NaN stays (quiet) NaN.
 //   f16_to_f32     fp16 -> fp32 (exact), f32_to_f16 fp32 -> fp16 (RNE): the
 //                  activation prep and output of fp16 models (f16_scalar.h).
@@ -38,36 +39,38 @@ void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float a
   }
 }
 
-// x: fp32 [m, ldx] (k valid columns); q: int8 [m, ldq] (kp written); scale: [m];
+// x: fp32 [m, ldx] (k valid columns); q: int8 [m, ldq] (kp written); scale: [m, kp / scale_group];
 // gsum: int32 [m, gsum_ld] (kp / group written).
 void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group,
-                   int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
+                   int64_t scale_group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum, int64_t gsum_ld) {
+  const int64_t nscales = kp / scale_group;
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
     int8_t* qr = q + r * ldq;
-    float amax = 0.f;
-    bool finite = true;
-    for (int64_t c = 0; c < k; ++c) {
-      amax = std::max(amax, std::fabs(xr[c]));
-      finite &= std::isfinite(xr[c]);
+    for (int64_t S = 0; S < nscales; ++S) {
+      const int64_t c0 = S * scale_group, c1 = std::min(k, c0 + scale_group);
+      float amax = 0.f;
+      bool finite = true;
+      for (int64_t c = c0; c < c1; ++c) {
+        amax = std::max(amax, std::fabs(xr[c]));
+        finite &= std::isfinite(xr[c]);
+      }
+      float& s = scale[r * nscales + S];
+      std::fill(qr + c0, qr + c0 + scale_group, int8_t{0});  // padding (and a non-finite group) stay 0
+      if (!finite) {  // NaN/Inf: the row's result must not come out finite
+        s = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      s = amax / 127.f;
+      if (!(s > 0.f)) s = 1.f;  // all-zero group (or max|x| so small that s underflows)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = xr[c] / s;
+        int32_t i = static_cast<int32_t>(v);  // trunc
+        const float frac = v - static_cast<float>(i);
+        i += static_cast<int32_t>(frac >= 0.5f) - static_cast<int32_t>(frac <= -0.5f);
+        qr[c] = static_cast<int8_t>(std::min(127, std::max(-127, i)));
+      }
     }
-    if (!finite) {  // NaN/Inf: the row's result must not come out finite
-      std::fill(qr, qr + kp, int8_t{0});
-      scale[r] = std::numeric_limits<float>::quiet_NaN();
-      std::fill(gsum + r * gsum_ld, gsum + r * gsum_ld + kp / group, 0);
-      continue;
-    }
-    float s = amax / 127.f;
-    if (!(s > 0.f)) s = 1.f;  // all-zero row (or max|x| so small that s underflows)
-    for (int64_t c = 0; c < k; ++c) {
-      const float v = xr[c] / s;
-      int32_t i = static_cast<int32_t>(v);  // trunc
-      const float frac = v - static_cast<float>(i);
-      i += static_cast<int32_t>(frac >= 0.5f) - static_cast<int32_t>(frac <= -0.5f);
-      qr[c] = static_cast<int8_t>(std::min(127, std::max(-127, i)));
-    }
-    std::fill(qr + k, qr + kp, int8_t{0});
-    scale[r] = s;
     for (int64_t G = 0; G < kp / group; ++G) {
       int32_t sum = 0;
       for (int64_t c = G * group; c < (G + 1) * group; ++c) sum += qr[c];

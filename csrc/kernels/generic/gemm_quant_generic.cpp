@@ -3,8 +3,9 @@
 //
 // For rows m < M and the output columns j of blocks [b0, b1) (n = 16*b0 + j):
 //   kINT8, one group (g = kp):  c[m][j] = (sx[m] * s[n]) * I,   I = Σ_k (u[n][k] - 128) · xq[m][k]
-//   kINT8, groups:  acc = fma(s[n,G], I_G, acc) over G in order, c[m][j] = sx[m] * acc,
-//           I_G = Σ_{k in G} (u[n][k] - 128) · xq[m][k]   (std::fma: the bits of every ISA's fma)
+//   kINT8, groups:  acc = fma(s[n,G] * sx[m,G], I_G, acc) over G in order, c[m][j] = acc,
+//           I_G = Σ_{k in G} (u[n][k] - 128) · xq[m][k]   (std::fma: the bits of every ISA's fma;
+//           the activations have a scale per (row, group) too: kPerWeightGroup)
 //   kINT4:  c[m][j] = sx[m] * Σ_G d[n,G] · I_G,
 //           I_G = Σ_{k in G} L[q[n][k]] · xq[m][k],  groups G in increasing order
 //           (L = kInt4Levels; I_G equals the format's Σ u·xq − 64·gsum exactly).
@@ -77,20 +78,26 @@ struct Int8Groups {
   const uint8_t* data;
   const float* s;  // per (block, group) 16 fp32; one group: s[n]
   int64_t kp, ngroups;
+  const float* sx;  // activation scales [m, ngroups]: one per (row, group)
   bool one_group() const { return ngroups == 1; }
   const uint8_t* block(int64_t b) const { return data + b * block_data_bytes(WeightFormat::kINT8, kp); }
   void panel(const uint8_t* block, int64_t k0, int64_t kc, float* out) const {
     decode_int8_panel(block + (k0 / 4) * 64, kc, out);
   }
-  // acc[r] = fma(s[n,G], I_G, acc[r]) for each row r < mt.
-  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t mt) const {
+  // acc[r] = fma(s[n,G] * sx[r0 + r, G], I_G, acc[r]) for each row r < mt.
+  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t r0,
+                 int64_t mt) const {
     const float* sg = s + (b * ngroups + G) * kBlockN;
-    for (int64_t r = 0; r < mt; ++r)
-      for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] = std::fma(sg[j], static_cast<float>(iacc[r][j]), acc[r][j]);
+    for (int64_t r = 0; r < mt; ++r) {
+      const float sxg = sx[(r0 + r) * ngroups + G];
+      for (int64_t j = 0; j < kBlockN; ++j)
+        acc[r][j] = std::fma(sg[j] * sxg, static_cast<float>(iacc[r][j]), acc[r][j]);
+    }
   }
+  float row_result(int64_t, float acc) const { return acc; }  // the activation scales are in acc
   // One group: c = (sx * s[n]) * I.
-  float whole_row(int64_t b, int64_t j, float sx, int32_t i) const {
-    return (sx * s[b * kBlockN + j]) * static_cast<float>(i);
+  float whole_row(int64_t b, int64_t j, int64_t row, int32_t i) const {
+    return (sx[row] * s[b * kBlockN + j]) * static_cast<float>(i);
   }
 };
 
@@ -98,24 +105,28 @@ struct Int4Groups {
   const uint8_t* data;
   const uint8_t* scales;  // per (block, group) 16 bf16 d
   int64_t kp, ngroups;
+  const float* sx;  // activation scales [m]: one per row
   bool one_group() const { return false; }
   const uint8_t* block(int64_t b) const { return data + b * block_data_bytes(WeightFormat::kINT4, kp); }
   void panel(const uint8_t* block, int64_t k0, int64_t kc, float* out) const {
     decode_int4_panel(block + (k0 / 8) * 64, kc, out);
   }
   // acc[r] += d[n,G] * I_G for each row r < mt.
-  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t mt) const {
+  void add_group(int64_t b, int64_t G, const int32_t (*iacc)[kBlockN], float (*acc)[kBlockN], int64_t,
+                 int64_t mt) const {
     const uint8_t* sc = scales + (b * ngroups + G) * kInt4ScaleBytes;
     alignas(64) float d[kBlockN];
     for (int64_t j = 0; j < kBlockN; ++j) d[j] = bf16_to_f32(static_cast<uint16_t>(sc[2 * j] | (sc[2 * j + 1] << 8)));
     for (int64_t r = 0; r < mt; ++r)
       for (int64_t j = 0; j < kBlockN; ++j) acc[r][j] += d[j] * static_cast<float>(iacc[r][j]);
   }
-  float whole_row(int64_t, int64_t, float, int32_t) const { return 0.f; }  // never: int4 always has groups
+  float row_result(int64_t row, float acc) const { return sx[row] * acc; }
+  float whole_row(int64_t, int64_t, int64_t, int32_t) const { return 0.f; }  // never: int4 always has groups
 };
 
 // The tile loop of both formats: per block, row tile and group, exact integer panel dots into iacc,
-// then the format's group epilogue into acc (or, with one group, the whole-row one); c = sx * acc.
+// then the format's group epilogue into acc (or, with one group, the whole-row one); c = the format's
+// row result of acc (int4: sx * acc; int8: acc, its activation scales applied per group).
 template <class Fmt>
 void gemm_grouped(const Fmt& fmt, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1, float* c,
                   int64_t ldc) {
@@ -140,13 +151,12 @@ void gemm_grouped(const Fmt& fmt, const QuantizedRows& a, int64_t m, int64_t b0,
           }
         }
         if (fmt.one_group()) break;  // iacc is the whole row: the whole-row epilogue below
-        fmt.add_group(b, G, iacc, acc, mt);
+        fmt.add_group(b, G, iacc, acc, r0, mt);
       }
       for (int64_t r = 0; r < mt; ++r) {
         float* cr = c + (r0 + r) * ldc + (b - b0) * kBlockN;
-        const float sx = a.scale[r0 + r];
         for (int64_t j = 0; j < kBlockN; ++j)
-          cr[j] = fmt.one_group() ? fmt.whole_row(b, j, sx, iacc[r][j]) : sx * acc[r][j];
+          cr[j] = fmt.one_group() ? fmt.whole_row(b, j, r0 + r, iacc[r][j]) : fmt.row_result(r0 + r, acc[r][j]);
       }
     }
   }
@@ -154,11 +164,12 @@ void gemm_grouped(const Fmt& fmt, const QuantizedRows& a, int64_t m, int64_t b0,
 
 }  // namespace
 
-// w: kINT8 [np/16][kp/4][16][4] u8 + per (block, group) 16 fp32 s; a: int8 rows [m, ldq] + scale[m];
-// c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
+// w: kINT8 [np/16][kp/4][16][4] u8 + per (block, group) 16 fp32 s; a: int8 rows [m, ldq] +
+// scale [m, kp / group]; c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  const Int8Groups fmt{packed_data(w), reinterpret_cast<const float*>(packed_scales(w)), w->kp, w->kp / w->group};
+  const Int8Groups fmt{packed_data(w), reinterpret_cast<const float*>(packed_scales(w)), w->kp, w->kp / w->group,
+                       a.scale};
   gemm_grouped(fmt, a, m, b0, b1, c, ldc);
 }
 
@@ -167,7 +178,7 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
 // c: fp32 [m, ldc], columns [0, 16*(b1-b0)) written.
 void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  const Int4Groups fmt{packed_data(w), packed_scales(w), w->kp, w->kp / w->group};
+  const Int4Groups fmt{packed_data(w), packed_scales(w), w->kp, w->kp / w->group, a.scale};
   gemm_grouped(fmt, a, m, b0, b1, c, ldc);
 }
 
