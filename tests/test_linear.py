@@ -189,6 +189,15 @@ def test_pack_linears_skips_small_layers_and_experts():
         hf.pack_linears(model, min_bytes=-1)
 
 
+def test_pack_linears_leaves_subclasses_of_linear():
+    """nn.MultiheadAttention reads its out_proj's weight itself (out_proj is a subclass of nn.Linear)."""
+    model = nn.ModuleDict(dict(attn=nn.MultiheadAttention(64, 4), proj=nn.Linear(64, 64)))
+    report = hf.pack_linears(model, min_bytes=0)
+    assert report.module_names == ["proj"] and "subclass of nn.Linear" in report.skipped["attn.out_proj"]
+    x = torch.randn(3, 1, 64)
+    assert model["attn"](x, x, x)[0].shape == (3, 1, 64)
+
+
 def test_pack_linears_tied_lm_head_keeps_the_embedding():
     ref = make_model("qwen3_moe")
     ref.lm_head.weight = ref.model.embed_tokens.weight

@@ -116,7 +116,8 @@ std::vector<Item> make_items(int64_t M, int64_t blocks, int64_t block_bytes, int
   const int64_t row_chunks = M <= kDecodeRows ? 1 : std::min(tiles, (threads + panels - 1) / panels);
   std::vector<Item> items;
   for (int64_t rc = 0; rc < row_chunks; ++rc) {
-    const int64_t r0 = rc * tiles / row_chunks * kTokenTile, r1 = std::min(M, (rc + 1) * tiles / row_chunks * kTokenTile);
+    const int64_t r0 = rc * tiles / row_chunks * kTokenTile;
+    const int64_t r1 = std::min(M, (rc + 1) * tiles / row_chunks * kTokenTile);
     for (int64_t g = 0; g < groups; g += per_item)
       items.push_back({r0, r1, g * kGroupBlocks, std::min(blocks, (g + per_item) * kGroupBlocks)});
   }

@@ -6,9 +6,10 @@ read roof, ktmoe's packed bf16 gemm close to it. ``pack_linears(model)`` replace
 ``nn.Linear`` by a :class:`torch_ktmoe.linear.KTLinear` (the weight rounded to bf16 and packed; the
 dense weight dropped with the module).
 
-Left alone: anything inside an experts block (``patch_model``'s business), layers whose weight is not
-fp32 / bf16 / fp16 on the CPU (quantized or offloaded layers), layers below ``min_bytes``, routers that
-are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules). A layer whose weight is tied to an
+Left alone: anything inside an experts block (``patch_model``'s business), subclasses of ``nn.Linear``
+(quantized layers, ``nn.MultiheadAttention``'s ``out_proj``: their owners may read ``.weight``), layers
+whose weight is not fp32 / bf16 / fp16 on the CPU (offloaded layers), layers below ``min_bytes``, routers
+that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules). A layer whose weight is tied to an
 ``nn.Embedding`` (a tied lm_head) is packed too, unless ``tied=False``: the embedding keeps the shared
 tensor and keeps working, and the packed copy is extra memory (reported apart). Works with
 ``compile_decode``: ``ktmoe::linear`` is a custom op with a fake kernel, its output shape is static.
@@ -48,6 +49,8 @@ class PackedLinears:
 
 
 def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool) -> str | None:
+    if type(linear) is not nn.Linear:  # e.g. nn.MultiheadAttention's out_proj, whose weight its owner reads
+        return f"{type(linear).__name__} is a subclass of nn.Linear (its owner may read .weight)"
     weight = linear.weight
     if weight.dtype not in DENSE_DTYPES:
         return f"weight dtype {weight.dtype} (packs fp32 / bf16 / fp16)"
