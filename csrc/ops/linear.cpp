@@ -19,12 +19,14 @@
 //   scratch  a [M, kp + 32] bf16 rows, zero past K (x widened first when fp16); the stride is
 //            kp + 32 so that rows are never a multiple of 4 KiB apart (L1 set aliasing), as in
 //            the MoE driver.
-//   items    (rows [r0, r1), blocks [b0, b1)). Decode (M <= kDecodeRows: one register tile,
-//            weight bound) cuts the blocks into one contiguous range per thread, in whole
-//            register groups (4 blocks), so each thread streams its share of the weight once.
-//            Prefill cuts blocks into panels of ~kPanelBytes of weights (read from memory once
-//            and from L2 by every row tile of kTokenTile rows), and rows into chunks when there
-//            are fewer panels than threads.
+//   items    (rows [r0, r1), blocks [b0, b1)), in whole register groups (4 blocks). Decode
+//            (M <= kDecodeRows: one register tile, weight bound) cuts the blocks into items of
+//            ~kDecodeItemBytes of weights (the MoE driver's decode item size); prefill into panels
+//            of ~kPanelBytes (read from memory once and from L2 by every row tile of kTokenTile
+//            rows), and the rows into chunks when there are fewer panels than threads. The
+//            threads take items from a shared counter: a thread that starts late or is
+//            descheduled (a loaded host) takes fewer, instead of holding up the call with a
+//            fixed share.
 //   epilogue per gemm call (kCallBlocks blocks x up to kTokenTile rows, a 32 KiB fp32 stack
 //            tile): + bias, then written to out in its dtype (bf16 / fp16 rounded to nearest).
 // The gemm's bits depend neither on the block split nor on M (isa_kernels.h), so out is the
@@ -33,6 +35,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -51,6 +54,7 @@ constexpr int64_t kTokenTile = 32;          // rows per gemm call
 constexpr int64_t kGroupBlocks = 4;         // blocks of the gemm's widest register tile
 constexpr int64_t kCallBlocks = 16;         // blocks per gemm call: stack tile kTokenTile x 256 fp32
 constexpr int64_t kPanelBytes = 512 << 10;  // prefill: weight bytes per item
+constexpr int64_t kDecodeItemBytes = 256 << 10;  // decode: weight bytes per item
 
 bool is_float_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
@@ -108,9 +112,8 @@ struct Item {
 // Items as in the [NOTE]: the decode split or prefill panels x row chunks.
 std::vector<Item> make_items(int64_t M, int64_t blocks, int64_t block_bytes, int64_t threads) {
   const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
-  int64_t per_item = 0;  // groups per item
-  if (M <= kDecodeRows) per_item = (groups + threads - 1) / threads;
-  else per_item = std::max<int64_t>(1, kPanelBytes / (block_bytes * kGroupBlocks));
+  const int64_t item_bytes = M <= kDecodeRows ? kDecodeItemBytes : kPanelBytes;
+  const int64_t per_item = std::max<int64_t>(1, item_bytes / (block_bytes * kGroupBlocks));  // groups per item
   const int64_t panels = (groups + per_item - 1) / per_item;
   const int64_t tiles = (M + kTokenTile - 1) / kTokenTile;
   const int64_t row_chunks = M <= kDecodeRows ? 1 : std::min(tiles, (threads + panels - 1) / panels);
@@ -224,9 +227,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_f
   const float* bias_f32 = b.defined() ? b.const_data_ptr<float>() : nullptr;
   const std::vector<Item> items =
       make_items(M, h.np / kBlockN, block_data_bytes(WeightFormat::kBF16, kp), at::get_num_threads());
-  at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t i0, int64_t i1) {
+  const int64_t n_items = int64_t(items.size());
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, n_items, 1, [&](int64_t, int64_t) {
     alignas(64) float tile[kTokenTile * kCallBlocks * kBlockN];
-    for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n_items;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
       const Item& it = items[size_t(i)];
       for (int64_t r0 = it.r0; r0 < it.r1; r0 += kTokenTile) {
         const int64_t m = std::min(kTokenTile, it.r1 - r0);
