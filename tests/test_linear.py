@@ -142,6 +142,21 @@ def test_ktlinear_from_linear():
         KTLinear.from_linear(nn.Conv1d(3, 3, 1))
 
 
+def test_ktlinear_state_dict_is_nn_linear_s():
+    """state_dict() writes nn.Linear's keys (the packed bf16 weight exactly, in the replaced dtype); a dense
+    state_dict loads back into a KTLinear (packed again) and into an nn.Linear."""
+    linear = nn.Linear(100, 70)
+    layer = KTLinear.from_linear(linear)
+    state = layer.state_dict()
+    assert set(state) == {"weight", "bias"} and state["weight"].dtype == torch.float32
+    assert torch.equal(state["weight"], linear.weight.detach().bfloat16().float())
+    dense = nn.Linear(100, 70)
+    dense.load_state_dict(state)
+    other = KTLinear.from_linear(nn.Linear(100, 70))
+    other.load_state_dict(state)
+    assert torch.equal(other.w_packed, layer.w_packed) and torch.equal(other.bias, layer.bias)
+
+
 def test_ktlinear_compiles_fullgraph():
     torch._dynamo.reset()
     layer = KTLinear.from_linear(nn.Linear(96, 40))
@@ -226,3 +241,15 @@ def test_pack_linears_under_compile_decode_no_recompiles():
         assert torch.equal(out, eager[:, :PROMPT.shape[1] + new_tokens])
     assert compiled.graphs == 1
     torch._dynamo.reset()
+
+
+def test_save_packed_after_pack_linears_reloads(tmp_path):
+    """save_packed writes the packed linears as dense nn.Linear weights: the reloaded model, packed again,
+    generates the same tokens."""
+    model, _ = patched_and_packed()
+    seq, _ = greedy(model)
+    hf.save_packed(model, tmp_path / "packed")
+    reloaded = hf.from_pretrained(tmp_path / "packed", dtype=torch.float32)
+    assert isinstance(reloaded.lm_head, nn.Linear)
+    hf.pack_linears(reloaded, min_bytes=0)
+    assert torch.equal(greedy(reloaded)[0], seq)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from . import ops
+from .unpack import unpack_matrix
 
 __all__ = ["KTLinear"]
 
@@ -24,15 +25,22 @@ class KTLinear(nn.Module):
     bf16, products summed in fp32, + bias). Buffers: ``w_packed`` uint8 [B] (:func:`torch_ktmoe.ops.pack_linear`);
     ``bias`` [out_features] (kept in its dtype, not trainable) or None. Inference only: a backward through it
     raises :class:`torch_ktmoe.ops.InferenceOnlyError`.
+
+    ``state_dict()`` holds nn.Linear's keys: ``weight`` unpacked (the packed bf16 values exactly, in
+    ``weight_dtype``, the replaced weight's dtype) and ``bias``, so ``save_pretrained`` writes a checkpoint the
+    unpatched model loads; ``load_state_dict`` takes a dense ``weight`` [out, in] and packs it.
     """
 
     def __init__(self, w_packed: torch.Tensor, in_features: int, out_features: int,
-                 bias: Optional[torch.Tensor] = None):
+                 bias: Optional[torch.Tensor] = None, weight_dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)
+        self.weight_dtype = weight_dtype
         self.register_buffer("w_packed", w_packed)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.register_state_dict_post_hook(_dense_weight_state_dict)
+        self.register_load_state_dict_pre_hook(_pack_loaded_weight)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "KTLinear":
@@ -43,7 +51,8 @@ class KTLinear(nn.Module):
         weight = linear.weight
         if weight.device.type != "cpu":
             raise ValueError(f"KTLinear.from_linear: the weight is on {weight.device}; ktmoe runs on the CPU")
-        return cls(ops.pack_linear(weight.detach()), linear.in_features, linear.out_features, linear.bias)
+        return cls(ops.pack_linear(weight.detach()), linear.in_features, linear.out_features, linear.bias,
+                   weight.dtype)
 
     @property
     def packed_bytes(self) -> int:
@@ -54,3 +63,15 @@ class KTLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _dense_weight_state_dict(module: KTLinear, state_dict, prefix, local_metadata):
+    packed = state_dict.pop(prefix + "w_packed")
+    state_dict[prefix + "weight"] = unpack_matrix(packed.view(1, -1))[0][0].to(module.weight_dtype)
+
+
+def _pack_loaded_weight(module: KTLinear, state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs):
+    weight = state_dict.pop(prefix + "weight", None)
+    if weight is not None:
+        state_dict[prefix + "w_packed"] = ops.pack_linear(weight)

@@ -13,6 +13,7 @@ that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules). A layer w
 ``nn.Embedding`` (a tied lm_head) is packed too, unless ``tied=False``: the embedding keeps the shared
 tensor and keeps working, and the packed copy is extra memory (reported apart). Works with
 ``compile_decode``: ``ktmoe::linear`` is a custom op with a fake kernel, its output shape is static.
+``state_dict()`` / ``save_packed`` write each replaced layer as a dense ``weight`` (``KTLinear``).
 """
 
 from __future__ import annotations
