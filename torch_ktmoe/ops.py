@@ -14,8 +14,8 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "pack_linear", "linear",
-           "InferenceOnlyError", "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
+__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "InferenceOnlyError",
+           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
 # each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
@@ -227,6 +227,10 @@ torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forwa
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
 torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))
 torch.library.register_autograd("ktmoe::pack_int4_affine_experts", _inference_only("pack_int4_affine_experts"))
+
+
+# ---------------------------------------------------------------- dense linears (ops/linear.cpp)
+__all__ += ["pack_linear", "linear"]
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
