@@ -14,6 +14,11 @@ Qwen3-MoE, ``ktmoe_harness.checkpoint``: 8 layers, hidden 1024, 32 experts) and 
 * ``compiled``: after ``hf.compile_decode(model, max_cache_len=prompt + tokens)`` (static cache,
   decode step compiled with ``fullgraph=True``; ``--backend``, default inductor).
 
+``--pack-linears`` (both modes; off by default) first runs the model's dense layers outside the experts
+(attention projections, lm_head) through ktmoe's bf16 gemm: ``hf.pack_linears(model)`` after loading (for
+scaleN, in each of ours' child processes: ``KTMOE_SCALE_PACK_LINEARS=1``, read by
+benchmarks/scale/decode_ours.py).
+
 Each runs once to warm up (for ``compiled`` that run compiles: its time is printed), then
 ``--repeats`` rounds run one of each in turn, so that other processes' load falls on both alike.
 Reported: time to first token (the eager prefill and the first token; best of the rounds), the
@@ -22,6 +27,7 @@ eager's (in bf16 a rounding-level tie may flip one: eager's top-2 margin there i
 come from a streamer that clocks each token as ``generate`` emits it.
 """
 import argparse
+import os
 import shutil
 import statistics
 import time
@@ -67,8 +73,11 @@ def interleaved(model, prompt, new_tokens, rows, repeats):
 def main(argv=None):
     pick = argparse.ArgumentParser(add_help=False)
     pick.add_argument("--model", default="tiny")
+    pick.add_argument("--pack-linears", action="store_true")
     picked, rest = pick.parse_known_args(argv)
     if picked.model != "tiny":  # the 30B-class model against llama.cpp: its own options
+        if picked.pack_linears:  # read by benchmarks/scale/decode_ours.load_model in ours' children
+            os.environ["KTMOE_SCALE_PACK_LINEARS"] = "1"
         from benchmarks.scale import e2e
 
         try:
@@ -84,7 +93,10 @@ def main(argv=None):
     add_run_arguments(ap)
     ap.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled run")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up of each row)")
+    ap.add_argument("--pack-linears", action="store_true", help="hf.pack_linears(model) after loading: the dense "
+                    "layers outside the experts through ktmoe's bf16 gemm")
     args = ap.parse_args(rest)
+    args.pack_linears = picked.pack_linears
 
     import torch
 
@@ -95,6 +107,9 @@ def main(argv=None):
     work = make_workdir(args, "ktmoe-bench-e2e-")
     try:
         model, load_s = load_timed(checkpoint_for(args, work), None, args.format)
+        if args.pack_linears:
+            packed = hf.pack_linears(model)
+            print(f"pack_linears: {packed.replaced} layers, {packed.packed_bytes / 2**20:.1f} MiB packed", flush=True)
         prompt = seeded_prompt(model.config.vocab_size, args.prompt_tokens)
         print(f"loaded in {load_s:.1f} s; {args.format} experts, bf16 model, {torch.get_num_threads()} threads, "
               f"prompt {args.prompt_tokens} tokens, {args.tokens} new tokens, {args.repeats} rounds", flush=True)

@@ -239,3 +239,43 @@ torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forwa
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
 torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))
 torch.library.register_autograd("ktmoe::pack_int4_affine_experts", _inference_only("pack_int4_affine_experts"))
+
+
+# ---------------------------------------------------------------- dense linears (ops/linear.cpp)
+__all__ += ["pack_linear", "linear"]
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """Pack a dense ``nn.Linear`` weight [N, K] fp32|bf16|fp16 -> uint8 [B]: one bf16 matrix, header first,
+    for :func:`linear` (bf16-rounded weights; a NaN / Inf weight is an error naming its row and column)."""
+    return torch.ops.ktmoe.pack_linear(weight)
+
+
+def linear(x: torch.Tensor, w_packed: torch.Tensor, out_features: int,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear`` over a weight packed by :func:`pack_linear`, with the experts' bf16 gemm.
+
+    x [..., K] bf16|fp16|fp32, ``out_features`` = N (checked against the packed header), bias [N] or None
+    -> [..., N] in x's dtype: x and the weight rounded to bf16, products summed in fp32, + bias.
+    """
+    return torch.ops.ktmoe.linear(x, w_packed, out_features, bias)
+
+
+@torch.library.register_fake("ktmoe::pack_linear")
+def _pack_linear_fake(weight):
+    torch._check(weight.dim() == 2, lambda: "ktmoe::pack_linear: weight must be 2-D [N, K]")
+    n, k = weight.shape
+    return weight.new_empty((_C.packed_matrix_bytes("bf16", "plain", n, k, 0),), dtype=torch.uint8)
+
+
+@torch.library.register_fake("ktmoe::linear")
+def _linear_fake(x, w_packed, out_features, bias=None):
+    _check_same_device("linear", "x", x, w_packed=w_packed, bias=bias)
+    torch._check(x.dim() >= 1 and x.dtype in ACTIVATION_DTYPES,
+                 lambda: "ktmoe::linear: x must be [..., K] bfloat16, float16 or float32")
+    torch._check(w_packed.dim() == 1 and w_packed.dtype == torch.uint8,
+                 lambda: "ktmoe::linear: w_packed must be the 1-D uint8 tensor of ktmoe::pack_linear")
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+torch.library.register_autograd("ktmoe::linear", _inference_only("linear"))

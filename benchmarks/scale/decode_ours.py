@@ -10,6 +10,9 @@ seeded sequence, as in the llama.cpp harness, so the router sees the same kind o
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
 Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults), and the routing counts.
 
+KTMOE_SCALE_PACK_LINEARS=1: hf.pack_linears(model) after loading (the dense layers outside the experts
+through ktmoe's bf16 gemm; bench_e2e --pack-linears sets it).
+
 KTMOE_SCALE_PREFETCH: "auto" (default; KTMoE's prefetch="auto", which reads the routed experts ahead
 with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup: here always) or "off"
 (prefetch=False: a fault reads one page, the arena's mappings are MADV_RANDOM).
@@ -68,6 +71,8 @@ def load_model(path: str, routing: str):
     dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
     model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
+    if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
+        hf.pack_linears(model)
     model.eval()
     with torch.no_grad():
         model.model.embed_tokens.weight[:, C.D0] = C.ZIPF_C if routing == "zipf" else 0.0

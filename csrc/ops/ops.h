@@ -80,4 +80,12 @@ void pack_int4_affine_experts_out(const at::Tensor& gate_up, const c10::optional
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,
                             int64_t k, int64_t group_size);
 
+// A dense nn.Linear weight [N, K] fp32 | bf16 | fp16 -> uint8 [B]: one kBF16 matrix in the kPlain
+// role (header first), on the default CPU allocator (ops/linear.cpp).
+at::Tensor pack_linear(const at::Tensor& weight);
+// x [..., K] bf16 | fp16 | fp32, w_packed [B] from pack_linear, out_features = N (checked against
+// the header), bias [N] float or None -> [..., N] in x's dtype: bf16(x) · bf16(W)ᵀ in fp32 (+ bias).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias);
+
 }  // namespace ktmoe

@@ -17,6 +17,10 @@ Entry points:
     A packed model directory: config, non-expert safetensors and the packed experts as
     cache files, loaded without the source checkpoint (:mod:`.packed_dir`).
 
+``pack_linears(model, *, min_bytes=64 KiB, tied=True) -> PackedLinears``
+    Replaces the dense ``nn.Linear`` layers outside the experts (attention projections, shared experts,
+    lm_head) by :class:`torch_ktmoe.linear.KTLinear`: the same bf16 gemm as the experts (:mod:`.dense_linears`).
+
 ``compile_decode(model, *, max_cache_len=1024, backend="inductor") -> CompiledDecode``
     Makes ``model.generate`` prefill eagerly and run each decode step compiled on the CPU with
     ``fullgraph=True`` over a static KV cache: one graph for every token and prompt (:mod:`.compiled`).
@@ -44,6 +48,7 @@ warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
 """
 
 from .compiled import CompiledDecode, CompileDecodeError, compile_decode
+from .dense_linears import PackedLinears, pack_linears
 from .experts import (
     SUPPORTED_EXPERTS_CLASSES,
     KTMoEExperts,
@@ -68,6 +73,8 @@ __all__ = [
     "patch_model",
     "from_pretrained",
     "compile_decode",
+    "pack_linears",
+    "PackedLinears",
     "CompiledDecode",
     "CompileDecodeError",
     "save_packed",

@@ -1,0 +1,105 @@
+"""Run a transformers model's dense ``nn.Linear`` layers through ktmoe's bf16 gemm (``pack_linears``).
+
+Around the experts, a decode token multiplies one row of activations by every attention projection,
+shared-expert MLP and the lm_head: torch's bf16 GEMV reads those weights at a fraction of the memory's
+read roof, ktmoe's packed bf16 gemm close to it. ``pack_linears(model)`` replaces each such
+``nn.Linear`` by a :class:`torch_ktmoe.linear.KTLinear` (the weight rounded to bf16 and packed; the
+dense weight dropped with the module).
+
+Left alone: anything inside an experts block (``patch_model``'s business), subclasses of ``nn.Linear``
+(quantized layers, ``nn.MultiheadAttention``'s ``out_proj``: their owners may read ``.weight``), layers
+whose weight is not fp32 / bf16 / fp16 on the CPU (offloaded layers), layers below ``min_bytes``, routers
+that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules). A layer whose weight is tied to an
+``nn.Embedding`` (a tied lm_head) is packed too, unless ``tied=False``: the embedding keeps the shared
+tensor and keeps working, and the packed copy is extra memory (reported apart). Works with
+``compile_decode``: ``ktmoe::linear`` is a custom op with a fake kernel, its output shape is static.
+``state_dict()`` / ``save_packed`` write each replaced layer as a dense ``weight`` (``KTLinear``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from ..linear import KTLinear
+from .experts import KTMoEExperts, looks_like_experts
+from .patch import set_submodule
+
+__all__ = ["pack_linears", "PackedLinears", "DEFAULT_MIN_BYTES"]
+
+DEFAULT_MIN_BYTES = 64 << 10  # dense weight bytes below which a layer stays an nn.Linear
+DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class PackedLinears:
+    """What ``pack_linears`` did: the layers replaced, their packed bytes, the dense bytes released (not
+    counting tied weights, which their embedding keeps), and each layer left alone with the reason."""
+
+    module_names: list[str] = field(default_factory=list)
+    packed_bytes: int = 0
+    dense_bytes_freed: int = 0
+    tied: list[str] = field(default_factory=list)  # replaced layers whose dense weight an embedding keeps
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why
+
+    @property
+    def replaced(self) -> int:
+        return len(self.module_names)
+
+
+def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool) -> str | None:
+    if type(linear) is not nn.Linear:  # e.g. nn.MultiheadAttention's out_proj, whose weight its owner reads
+        return f"{type(linear).__name__} is a subclass of nn.Linear (its owner may read .weight)"
+    weight = linear.weight
+    if weight.dtype not in DENSE_DTYPES:
+        return f"weight dtype {weight.dtype} (packs fp32 / bf16 / fp16)"
+    if weight.device.type != "cpu":
+        return f"weight on {weight.device} (ktmoe runs on the CPU)"
+    nbytes = weight.numel() * weight.element_size()
+    if nbytes < min_bytes:
+        return f"{nbytes} weight bytes < min_bytes {min_bytes}"
+    if is_tied and not tied:
+        return "weight tied to an embedding (tied=False)"
+    return None
+
+
+def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = True) -> PackedLinears:
+    """Replace ``model``'s dense ``nn.Linear`` layers outside its experts blocks by :class:`KTLinear`.
+
+    ``min_bytes``: layers with fewer dense weight bytes stay ``nn.Linear`` (0: pack all). ``tied``: also pack
+    layers whose weight an ``nn.Embedding`` shares (the embedding keeps it: memory grows by the packed copy).
+    Outputs change by the rounding of weights and activations to bf16 (products summed in fp32), as the
+    experts' ``"bf16"`` format. Returns a :class:`PackedLinears`. Call it after ``patch_model`` /
+    ``from_pretrained`` and before ``compile_decode``'s first ``generate``.
+    """
+    if not isinstance(min_bytes, int) or min_bytes < 0:
+        raise ValueError(f"min_bytes must be a non-negative int, got {min_bytes!r}")
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    report = PackedLinears()
+    experts_prefixes: list[str] = []
+    targets: list[tuple[str, nn.Linear]] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(p) for p in experts_prefixes):
+            continue
+        if isinstance(module, KTMoEExperts) or looks_like_experts(name, module):
+            experts_prefixes.append(name + ".")
+            continue
+        if isinstance(module, nn.Linear):
+            targets.append((name, module))
+    for name, linear in targets:
+        is_tied = id(linear.weight) in embedding_weights
+        reason = _skip_reason(linear, min_bytes, tied, is_tied)
+        if reason is not None:
+            report.skipped[name] = reason
+            continue
+        packed = KTLinear.from_linear(linear)
+        set_submodule(model, name, packed)
+        report.module_names.append(name)
+        report.packed_bytes += packed.packed_bytes
+        if is_tied:
+            report.tied.append(name)
+        else:
+            report.dense_bytes_freed += linear.weight.numel() * linear.weight.element_size()
+    return report
