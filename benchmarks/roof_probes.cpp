@@ -1,12 +1,13 @@
-// [NOTE] The roofs of the benchmarks, on every ISA (built with -march=native by benchmarks/roofs.py).
+// [NOTE] The roofs of the benchmarks, on every ISA (built by benchmarks/roofs.py with the
+// active ISA's flags from csrc/isa_flags.json).
 //
 // read_roof_gbps(buf, bytes, threads, repeats): the best of `repeats` passes in which
 // `threads` std::threads sum 1 MiB chunks of buf, taken from a shared counter (so a
 // thread that a noisy VM deschedules reads less instead of holding the pass up, as the
 // MoE driver's items do), read as one stream or as 4 side by side (the best counts), as
 // 32-bit lanes with
-// the widest loads this CPU has (built with -march=native: 64-byte zmm loads on
-// AVX-512, 32-byte ymm loads on AVX2, 8-byte loads otherwise), 8 independent
+// the widest loads the build's flags allow (64-byte zmm loads under avx512 / amx,
+// 32-byte ymm loads under avx2, 8-byte loads under generic), 8 independent
 // accumulators per thread so that enough loads stay in flight to reach the core's
 // share of DRAM bandwidth. Integer adds: no float assists on arbitrary bits.
 // A pass is timed from the moment every thread is running to the last one's end.

@@ -1,13 +1,11 @@
 """The roofs that benchmark ratios are taken against, measured in the same run on the same threads.
 
 * read roof: ``read_roof_gbps(threads)`` streams a buffer far larger than the L3 with the widest
-  loads of this CPU (benchmarks/roof_probes.cpp, compiled here on first use with
-  ``-march=native``: zmm loads on AVX-512 hosts, ymm loads on AVX2 hosts). ``torch.sum`` reaches
-  only part of it, so it is not used. ``read_seconds(tensors, threads)`` times one such read of
-  given tensors (e.g. the slices of an arena).
-  When our kernels run the AVX2 path on an AVX-512 host (``KTMOE_ISA=avx2``), the probes are
-  built with ``-march=x86-64-v3`` instead: ymm loads and the 256-bit FMA roof, the roofs of the
-  code being measured.
+  loads our kernels use now (benchmarks/roof_probes.cpp, compiled here on first use with the
+  flags csrc/isa_flags.json gives the active ISA: zmm loads under avx512 / amx, ymm loads and the
+  256-bit FMA roof under avx2 / avx2_vnni, e.g. ``KTMOE_ISA=avx2`` on an AVX-512 host: the roofs of
+  the code being measured). ``torch.sum`` reaches only part of it, so it is not used.
+  ``read_seconds(tensors, threads)`` times one such read of given tensors (e.g. the slices of an arena).
 * compute roof: ``compute_roof_gflops(threads)``, the peak of the instruction our bf16 gemm
   multiplies with (vdpbf16ps on AVX-512 BF16, 256-bit fp32 FMA on AVX2), from the same file; and
   ``matmul_roof_gflops``, a dense bf16 ``torch.matmul`` of the layer's FLOPs (what torch reaches).
@@ -26,22 +24,20 @@ _SRC = os.path.join(ROOT, "benchmarks", "roof_probes.cpp")
 _LIB = os.path.join(ROOT, "build", "bench", "libroof_probes.so")
 
 
-def _march() -> str:
-    import torch_ktmoe  # the ISA our kernels run now (KTMOE_ISA or the best this CPU has)
-    return "x86-64-v3" if torch_ktmoe.active_isa() == "avx2" else "native"
-
-
 def _probes():
-    return _probes_for(_march())
+    import torch_ktmoe  # the ISA our kernels run now (KTMOE_ISA or the best this CPU has)
+    return _probes_for(torch_ktmoe.active_isa())
 
 
 @functools.lru_cache(maxsize=None)
-def _probes_for(march: str):
-    lib_path = _LIB if march == "native" else _LIB.replace(".so", f"-{march}.so")
+def _probes_for(isa: str):
+    from native_build import ISA_FLAGS  # the one place ISA flags are defined
+
+    lib_path = _LIB.replace(".so", f"-{isa}.so")
     if not os.path.exists(lib_path) or os.path.getmtime(lib_path) < os.path.getmtime(_SRC):
         os.makedirs(os.path.dirname(lib_path), exist_ok=True)
-        subprocess.run([os.environ.get("CXX", "g++"), "-O3", f"-march={march}", "-std=c++17", "-shared", "-fPIC",
-                        "-pthread", _SRC, "-o", lib_path], check=True)
+        subprocess.run([os.environ.get("CXX", "g++"), "-O3", *ISA_FLAGS.get(isa, []), "-std=c++17", "-shared",
+                        "-fPIC", "-pthread", _SRC, "-o", lib_path], check=True)
     lib = ctypes.CDLL(lib_path)
     lib.read_roof_gbps.restype = ctypes.c_double
     lib.read_roof_gbps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
