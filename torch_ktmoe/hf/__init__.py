@@ -25,6 +25,10 @@ Entry points:
     Makes ``model.generate`` prefill eagerly and run each decode step compiled on the CPU with
     ``fullgraph=True`` over a static KV cache: one graph for every token and prompt (:mod:`.compiled`).
 
+``use_decode_attention(model) -> bool``
+    Switches a model on ``"sdpa"`` attention to ``"ktmoe_decode"``: single-token decode as grouped fp32
+    matmuls over the key/value heads, everything else SDPA (:mod:`.decode_attention`; compile_decode does it).
+
 experts implementation ``"ktmoe"``
     Importing this package registers ``"ktmoe"`` in transformers' ``ExpertsInterface``, so
     ``model.set_experts_implementation("ktmoe")`` and
@@ -48,6 +52,7 @@ warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
 """
 
 from .compiled import CompiledDecode, CompileDecodeError, compile_decode
+from .decode_attention import use_decode_attention
 from .dense_linears import PackedLinears, pack_linears
 from .experts import (
     SUPPORTED_EXPERTS_CLASSES,
@@ -74,6 +79,7 @@ __all__ = [
     "from_pretrained",
     "compile_decode",
     "pack_linears",
+    "use_decode_attention",
     "PackedLinears",
     "CompiledDecode",
     "CompileDecodeError",

@@ -10,6 +10,9 @@ runs:
   a static KV cache of ``max_cache_len`` positions and the 4-D mask over them, all of fixed shape, so
   one graph serves every token of every call whose prompt plus new tokens fit in ``max_cache_len``.
   The ktmoe ops are ``torch.library`` custom ops with fake kernels: they sit inside that graph.
+  A model on transformers' default ``"sdpa"`` attention is switched to ``"ktmoe_decode"``
+  (:mod:`.decode_attention`): the decode step's attention as grouped matmuls over the cache's
+  key/value heads instead of SDPA over a ``repeat_kv`` copy of the whole static cache.
 
 Transformers does all of this itself (``cache_implementation="static"``, ``GenerationConfig.
 max_cache_len``, ``compile_config``) but compiles only on CUDA-like devices by default; the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .decode_attention import use_decode_attention
 from .experts import KTMoEExperts
 
 __all__ = ["compile_decode", "CompiledDecode", "CompileDecodeError"]
@@ -100,6 +104,7 @@ def compile_decode(model: nn.Module, *, max_cache_len: int = DEFAULT_MAX_CACHE_L
     if not isinstance(max_cache_len, int) or max_cache_len < 1:
         raise CompileDecodeError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
 
+    use_decode_attention(model)
     compiled = CompiledDecode(backend, max_cache_len)
     config = CompileConfig(fullgraph=True, dynamic=False, backend=compiled.backend, mode=None)
     config._compile_all_devices = True  # transformers' own switch for compiling off CUDA
