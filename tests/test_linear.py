@@ -188,7 +188,9 @@ def test_pack_linears_greedy_equals_unpatched_fp32(isa):
     attention = [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "qkvo"]
     assert sorted(report.module_names) == sorted(attention + ["lm_head"]) and report.replaced == 9
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert report.packed_bytes == sum(m.packed_bytes for m in model.modules() if isinstance(m, KTLinear))
+    assert report.routers == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    assert report.packed_bytes == sum(m.packed_bytes for m in model.modules() if isinstance(m, KTLinear)) + sum(
+        model.get_submodule(name).ktmoe_w_packed.numel() for name in report.routers)
     assert report.dense_bytes_freed == 4 * (2 * (64 * 64 * 2 + 32 * 64 * 2) + 128 * 64) and not report.tied
     assert_same_greedy(model, ref_seq, ref_logits)
 
@@ -196,7 +198,8 @@ def test_pack_linears_greedy_equals_unpatched_fp32(isa):
 def test_pack_linears_skips_small_layers_and_experts():
     model = make_model("qwen3_moe")
     report = hf.pack_linears(model, min_bytes=64 * 64 * 4)  # q / o / lm_head (>= 16 KiB) packed, k / v not
-    assert sorted(report.skipped) == sorted(f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "kv")
+    small = [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "kv"]
+    assert sorted(report.skipped) == sorted(small + [f"model.layers.{i}.mlp.gate" for i in range(2)])
     assert "< min_bytes" in report.skipped["model.layers.0.self_attn.k_proj"] and report.replaced == 5
     assert isinstance(model.model.layers[0].mlp.experts, nn.Module) and not any(
         "experts" in name for name in report.module_names)

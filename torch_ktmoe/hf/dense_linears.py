@@ -8,8 +8,10 @@ dense weight dropped with the module).
 
 Left alone: anything inside an experts block (``patch_model``'s business), subclasses of ``nn.Linear``
 (quantized layers, ``nn.MultiheadAttention``'s ``out_proj``: their owners may read ``.weight``), layers
-whose weight is not fp32 / bf16 / fp16 on the CPU (offloaded layers), layers below ``min_bytes``, routers
-that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules). A layer whose weight is tied to an
+whose weight is not fp32 / bf16 / fp16 on the CPU (offloaded layers), layers below ``min_bytes``. Routers
+that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules) keep their module and their own
+forward, with its one ``F.linear`` on a packed copy of the weight (:mod:`.packed_router`; ``routers=False``
+leaves them). A layer whose weight is tied to an
 ``nn.Embedding`` (a tied lm_head) is packed too, unless ``tied=False``: the embedding keeps the shared
 tensor and keeps working, and the packed copy is extra memory (reported apart). Works with
 ``compile_decode``: ``ktmoe::linear`` is a custom op with a fake kernel, its output shape is static.
@@ -25,6 +27,7 @@ import torch.nn as nn
 
 from ..linear import KTLinear
 from .experts import KTMoEExperts, looks_like_experts
+from .packed_router import pack_router, router_refusal
 from .patch import set_submodule
 
 __all__ = ["pack_linears", "PackedLinears", "DEFAULT_MIN_BYTES"]
@@ -42,6 +45,7 @@ class PackedLinears:
     packed_bytes: int = 0
     dense_bytes_freed: int = 0
     tied: list[str] = field(default_factory=list)  # replaced layers whose dense weight an embedding keeps
+    routers: list[str] = field(default_factory=list)  # routers whose logits run packed (weight kept)
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why
 
     @property
@@ -65,11 +69,19 @@ def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool) -
     return None
 
 
-def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = True) -> PackedLinears:
+def _is_router(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__.lower().endswith("router") and not isinstance(module, (nn.Linear, nn.Embedding))
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2)
+
+
+def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = True,
+                 routers: bool = True) -> PackedLinears:
     """Replace ``model``'s dense ``nn.Linear`` layers outside its experts blocks by :class:`KTLinear`.
 
     ``min_bytes``: layers with fewer dense weight bytes stay ``nn.Linear`` (0: pack all). ``tied``: also pack
     layers whose weight an ``nn.Embedding`` shares (the embedding keeps it: memory grows by the packed copy).
+    ``routers``: also run the routers' logits packed (the router keeps its module, forward and weight).
     Outputs change by the rounding of weights and activations to bf16 (products summed in fp32), as the
     experts' ``"bf16"`` format. Returns a :class:`PackedLinears`. Call it after ``patch_model`` /
     ``from_pretrained`` and before ``compile_decode``'s first ``generate``.
@@ -80,6 +92,7 @@ def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: 
     report = PackedLinears()
     experts_prefixes: list[str] = []
     targets: list[tuple[str, nn.Linear]] = []
+    router_targets: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
         if any(name.startswith(p) for p in experts_prefixes):
             continue
@@ -88,6 +101,8 @@ def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: 
             continue
         if isinstance(module, nn.Linear):
             targets.append((name, module))
+        elif routers and _is_router(module):
+            router_targets.append((name, module))
     for name, linear in targets:
         is_tied = id(linear.weight) in embedding_weights
         reason = _skip_reason(linear, min_bytes, tied, is_tied)
@@ -102,4 +117,13 @@ def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: 
             report.tied.append(name)
         else:
             report.dense_bytes_freed += linear.weight.numel() * linear.weight.element_size()
+    for name, router in router_targets:
+        nbytes = router.weight.numel() * router.weight.element_size()
+        reason = f"{nbytes} weight bytes < min_bytes {min_bytes}" if nbytes < min_bytes else router_refusal(router)
+        if reason is not None:
+            report.skipped[name] = reason
+            continue
+        pack_router(router)
+        report.routers.append(name)
+        report.packed_bytes += router.ktmoe_w_packed.numel()
     return report
