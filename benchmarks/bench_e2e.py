@@ -17,7 +17,9 @@ Qwen3-MoE, ``ktmoe_harness.checkpoint``: 8 layers, hidden 1024, 32 experts) and 
 ``--pack-linears`` (both modes; off by default) first runs the model's dense layers outside the experts
 (attention projections, lm_head) through ktmoe's bf16 gemm: ``hf.pack_linears(model)`` after loading (for
 scaleN, in each of ours' child processes: ``KTMOE_SCALE_PACK_LINEARS=1``, read by
-benchmarks/scale/decode_ours.py).
+benchmarks/scale/decode_ours.py). ``--decode-attention`` (scaleN) also switches ours' eager runs to
+``hf.use_decode_attention(model)`` (``KTMOE_SCALE_DECODE_ATTENTION=1``): the attention ``compile_decode``
+gives the compiled runs, and the tiny mode's eager rows after it.
 
 Each runs once to warm up (for ``compiled`` that run compiles: its time is printed), then
 ``--repeats`` rounds run one of each in turn, so that other processes' load falls on both alike.
@@ -74,10 +76,14 @@ def main(argv=None):
     pick = argparse.ArgumentParser(add_help=False)
     pick.add_argument("--model", default="tiny")
     pick.add_argument("--pack-linears", action="store_true")
+    pick.add_argument("--decode-attention", action="store_true")
     picked, rest = pick.parse_known_args(argv)
     if picked.model != "tiny":  # the 30B-class model against llama.cpp: its own options
-        if picked.pack_linears:  # read by benchmarks/scale/decode_ours.load_model in ours' children
+        # read by benchmarks/scale/decode_ours.load_model in ours' children
+        if picked.pack_linears:
             os.environ["KTMOE_SCALE_PACK_LINEARS"] = "1"
+        if picked.decode_attention:
+            os.environ["KTMOE_SCALE_DECODE_ATTENTION"] = "1"
         from benchmarks.scale import e2e
 
         try:

@@ -11,7 +11,8 @@ The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetenso
 Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults), and the routing counts.
 
 KTMOE_SCALE_PACK_LINEARS=1: hf.pack_linears(model) after loading (the dense layers outside the experts
-through ktmoe's bf16 gemm; bench_e2e --pack-linears sets it).
+through ktmoe's bf16 gemm; bench_e2e --pack-linears sets it). KTMOE_SCALE_DECODE_ATTENTION=1:
+hf.use_decode_attention(model) (single-token decode attention as grouped matmuls; bench_e2e --decode-attention).
 
 KTMOE_SCALE_PREFETCH: "auto" (default; KTMoE's prefetch="auto", which reads the routed experts ahead
 with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup: here always) or "off"
@@ -73,6 +74,8 @@ def load_model(path: str, routing: str):
     model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
+    if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":
+        hf.use_decode_attention(model)
     model.eval()
     with torch.no_grad():
         model.model.embed_tokens.weight[:, C.D0] = C.ZIPF_C if routing == "zipf" else 0.0
