@@ -226,12 +226,12 @@ def _pack_int4_affine_experts_out_fake(gate_up, up, down, gate_up_scale, up_scal
     return None
 
 
-def _inference_only(op: str):
+def _inference_only(op: str, what: str = "packed experts (KTMoE, and models patched by torch_ktmoe.hf)",
+                    dense: str = "the dense (unpatched) experts"):
     def backward(ctx, *grads):
         raise InferenceOnlyError(
-            f"ktmoe::{op} is inference-only: torch_ktmoe's packed experts (KTMoE, and models patched by "
-            "torch_ktmoe.hf) have no backward, so no gradient can flow through them. Run the model under "
-            "torch.no_grad() / torch.inference_mode(), or train with the dense (unpatched) experts.")
+            f"ktmoe::{op} is inference-only: torch_ktmoe's {what} have no backward, so no gradient can flow "
+            f"through them. Run the model under torch.no_grad() / torch.inference_mode(), or train with {dense}.")
     return backward
 
 
@@ -278,4 +278,5 @@ def _linear_fake(x, w_packed, out_features, bias=None):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-torch.library.register_autograd("ktmoe::linear", _inference_only("linear"))
+torch.library.register_autograd("ktmoe::linear", _inference_only(
+    "linear", "packed linears (KTLinear, hf.pack_linears)", "the model's nn.Linear layers (before pack_linears)"))

@@ -12,7 +12,7 @@ namespace ktmoe {
 
 // The table the next op call on this thread uses.
 const IsaKernels& active_isa();
-// "generic" | "avx2" | "avx512" | "auto": the process default. Throws c10::Error
+// "generic" | "avx2" | "avx2_vnni" | "avx512" | "amx" | "auto": the process default. Throws c10::Error
 // naming what is available.
 void set_isa(const std::string& name);
 // The same for op calls made on this thread only, over the process default
