@@ -16,12 +16,12 @@
 //            per call): one 32-bit broadcast of each per row and k-quad.
 // Per 64 weight bytes and row: 2 loads (folded into the xors), 2 xor, 2 vpsignb,
 // 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd, 2 broadcasts: 18 instructions per k-quad of
-// the M = 1 loop (objdump) against 23 for widening u8 and xq to int16 (and, shift,
-// 4 vpmaddwd, 4 vpaddd); with groups it also drops the 128·Σxq correction of every
-// group. Measured (int8 layer, H 2048, I 768, 32 experts, T = 1, KTMOE_ISA=avx2, a
-// loaded 2-core Zen 5; min of 140 calls, 1 / 2 threads): per channel 2.12 -> 1.97 /
-// 1.29 -> 1.17 ms, groups of 32 3.19 -> 2.36 / 1.87 -> 1.40 ms. Tried and dropped:
-// two blocks per decode tile sharing the broadcasts (15 % slower).
+// the M = 1 loop (objdump; 19 with the prefetch below) against 23 for widening u8 and xq
+// to int16 (and, shift, 4 vpmaddwd, 4 vpaddd); with groups it also drops the 128·Σxq
+// correction of every group. Measured (int8 layer, H 2048, I 768, 32 experts, T = 1,
+// KTMOE_ISA=avx2, a loaded 2-core Zen 5; min of 140 calls, 1 / 2 threads): per channel
+// 2.12 -> 1.97 / 1.29 -> 1.17 ms, groups of 32 3.19 -> 2.36 / 1.87 -> 1.40 ms. Tried and
+// dropped: two blocks per decode tile sharing the broadcasts (15 % slower).
 // Prefetch: each k-quad prefetches the line kInt8Ahead = 8 KiB ahead on the block stream into
 // L2 (prefetcht1; blocks are contiguous, so near a block's end that is the next one).
 // Measured (benchmarks/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 / median of 3840
