@@ -39,11 +39,14 @@
 #include <string>
 #include <vector>
 
+#include "decode_micro_harness.h"
+
 // The library's avx512 decoders themselves (their anonymous-namespace structs become this file's).
 #include "kernels/avx512/gemm_fp8_avx512.cpp"
 #include "kernels/avx512/gemm_int4_affine_avx512.cpp"
 
 using namespace ktmoe;
+using namespace decode_micro;
 using namespace ktmoe::avx512;
 
 namespace {
@@ -204,12 +207,6 @@ struct Variant {
   Layout layout;
 };
 
-uint8_t* alloc_pages(size_t n) {
-  void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-  if (!p) std::abort();
-  return static_cast<uint8_t*>(p);
-}
-
 // A hand-built header with the packer's offsets: group 128, np = n, kp = k.
 PackedMatrixHeader header(Layout layout, MatrixRole role, int64_t n, int64_t k) {
   PackedMatrixHeader h{};
@@ -319,21 +316,6 @@ void run_items(const std::vector<Item>& its, GemmFn fn, const uint16_t* a, int64
   }
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct Stats {
-  std::vector<double> ms;
-  double min() const { return *std::min_element(ms.begin(), ms.end()); }
-  double q(double f) const {
-    std::vector<double> s = ms;
-    std::sort(s.begin(), s.end());
-    return s[size_t(f * double(s.size() - 1))];
-  }
-  double median() const { return q(0.5); }
-};
-
 // A streaming read of the same weights (512-bit loads, 4 streams), the roof.
 double read_pass(const uint8_t* p, int64_t bytes, int threads) {
   uint64_t sink = 0;
@@ -383,10 +365,10 @@ void check(const Weights& W, const std::vector<Variant>& vs, const uint16_t* x, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
-  const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
-  const char* only = argc > 3 && argv[3][0] ? argv[3] : nullptr;  // comma-separated substrings of variant names
-  const int64_t mc = argc > 4 ? std::atoi(argv[4]) : 1;           // rows of the cold (and hot) decode, 1..32
+  const Args args(argc, argv);
+  const int rounds = args.rounds, threads = args.threads;
+  const char* only = args.only;
+  const int64_t mc = args.m;
   const int64_t E = 64, topk = 8;
   const Weights W = make_weights(E);
   const std::vector<Variant> all = {
@@ -406,17 +388,7 @@ int main(int argc, char** argv) {
       {"int4a L2 ahead 2K (library)", &avx512::gemm_int4_affine, kInt4A},
       {"int4a L2 ahead 4K", &int4a_ahead<4096>, kInt4A},
   };
-  std::vector<Variant> vs;
-  for (const auto& v : all) {
-    bool take = !only;
-    const std::string f = only ? only : "";
-    for (size_t i = 0; !take && i <= f.size();) {
-      const size_t j = std::min(f.find(',', i), f.size());
-      take = j > i && std::strstr(v.name, f.substr(i, j - i).c_str());
-      i = j + 1;
-    }
-    if (take) vs.push_back(v);
-  }
+  const std::vector<Variant> vs = select_variants(all, only);
 
   // activations: x [32][2048 + 32], h [32][768 + 32] bf16 ~ N(0, 1) (the driver's row stride kp + 32)
   std::mt19937_64 rng(11);
@@ -438,31 +410,18 @@ int main(int argc, char** argv) {
   std::vector<Stats> cold(vs.size()), hot(vs.size()), pre(vs.size());
   Stats roof;
   for (int r = 0; r < rounds; ++r) {
-    for (int64_t e = 0; e < E; e += threads == 1 ? 1 : topk) {  // samples as cold's
-      const int64_t n = threads == 1 ? 1 : topk;
-      const double t0 = now();
+    time_roof(roof, E, topk, threads, [&](int64_t e, int64_t n) {
       read_pass(W.buf[kPair] + e * W.expert_bytes[kPair], n * W.expert_bytes[kPair], threads);
-      roof.ms.push_back((now() - t0) * 1e3 * topk / n);
-    }
+    });
     for (size_t vi = 0; vi < vs.size(); ++vi) {
       const Variant& v = vs[vi];
-      // cold: E / topk forwards walk all experts; one sample per expert on 1 thread (x topk:
-      // ms per forward; short samples are rarely preempted on a shared host), per forward else
-      for (int64_t f = 0; f < E / topk; ++f) {
-        std::vector<std::vector<int64_t>> samples;
-        for (int64_t j = 0; j < topk; ++j)
-          if (threads == 1) samples.push_back({f * topk + j});
-          else if (j == 0) samples.push_back({});
-        if (threads > 1)
-          for (int64_t j = 0; j < topk; ++j) samples[0].push_back(f * topk + j);
-        for (const auto& es : samples) {
-          const auto gu = items(W, v.layout, es, false), dn = items(W, v.layout, es, true);
-          const double t0 = now();
+      // cold: E / topk forwards walk all experts
+      time_cold(cold[vi], E, topk, threads, [&](const std::vector<int64_t>& es) {
+        return [&, gu = items(W, v.layout, es, false), dn = items(W, v.layout, es, true)] {
           run_items(gu, v.fn, x.data(), ldx, mc, c.data(), threads);
           run_items(dn, v.fn, hh.data(), ldh, mc, c.data(), threads);
-          cold[vi].ms.push_back((now() - t0) * 1e3 * topk / int64_t(es.size()));
-        }
-      }
+        };
+      });
       // hot: one 512 KiB item per thread (L2), 64 times
       {
         std::vector<Item> its;

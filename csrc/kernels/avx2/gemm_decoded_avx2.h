@@ -33,6 +33,12 @@ namespace avx2 {
 namespace decoded {
 
 constexpr int64_t kPanelPairs = 64;  // k-pairs per decoded panel: 64 x 128 B = 8 KiB
+// Decode tiles: bytes ahead of each block's stream prefetched into L2 (0: none). None: these
+// decode rows are bound by their instructions, not by the reads (benchmarks/avx2_decode_micro.cpp,
+// M = 1, 1 thread, loaded 2-core Zen 5: fp8 decodes 18 GB/s hot in L2 and 13 GB/s cold against a
+// 20-23 GB/s read; 1-4 KiB ahead into L2 left cold within 2 % and made hot 20 % slower;
+// int4_affine, 8 GB/s hot, within 6 % cold and slower hot).
+constexpr int64_t kDecodeAhead = 0;
 
 struct Ctx {
   const uint8_t* data;  // block 0
@@ -42,13 +48,21 @@ struct Ctx {
 };
 
 // One fp32 row a32 x blocks [b, b+NB), all k, weights decoded in registers; xs: the row's group sums.
-template <class Dec, int NB>
+// Once per 64 bytes of each stream, its line kAhead bytes ahead goes into L2; past the block's
+// end, the same offset of block j + NB (the next tile's; past the matrix a harmless hint).
+template <class Dec, int NB, int64_t kAhead>
 void dtile(const Dec& dec, const Ctx& x, const float* a32, const float* xs, int64_t b, float* c) {
   const uint8_t* w = x.data + b * x.bstride;
   for (int64_t g = 0; g < x.ngroups; ++g) {
     __m256 acc[NB][2];
     for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (int64_t p = g * x.spg; p < (g + 1) * x.spg; ++p) {
+      if constexpr (kAhead > 0)
+        if ((p * Dec::kPairBytes) % 64 == 0) {
+          const int64_t o = p * Dec::kPairBytes + kAhead;
+          const uint8_t* f = o < x.bstride ? w + o : w + NB * x.bstride + (o - x.bstride);
+          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(f + j * x.bstride), _MM_HINT_T1);
+        }
       const __m256 ae = _mm256_broadcast_ss(a32 + 2 * p), ao = _mm256_broadcast_ss(a32 + 2 * p + 1);
       for (int j = 0; j < NB; ++j) {
         __m256 wv[4];
@@ -105,8 +119,9 @@ inline void row_group_sums(const float* a32, int64_t kp, int64_t rows, int64_t g
     }
 }
 
-// a: bf16 [M, lda] (kp columns used); c: fp32 [M, ldc], 16*(b1-b0) columns.
-template <class Dec>
+// a: bf16 [M, lda] (kp columns used); c: fp32 [M, ldc], 16*(b1-b0) columns. kAhead: the decode
+// tiles' prefetch distance (benchmarks/avx2_decode_micro.cpp varies it).
+template <class Dec, int64_t kAhead = kDecodeAhead>
 void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
           int64_t b1, float* c, int64_t ldc) {
   const int64_t nblk = b1 - b0;
@@ -128,8 +143,8 @@ void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t l
     float* cr = c + r0 * ldc;
     if (rows == 1) {  // decode: stream the blocks once, 4 side by side
       int64_t b = 0;
-      for (; b + 4 <= nblk; b += 4) dtile<Dec, 4>(dec, x, a32, xs, b0 + b, cr + b * 16);
-      for (; b < nblk; ++b) dtile<Dec, 1>(dec, x, a32, xs, b0 + b, cr + b * 16);
+      for (; b + 4 <= nblk; b += 4) dtile<Dec, 4, kAhead>(dec, x, a32, xs, b0 + b, cr + b * 16);
+      for (; b < nblk; ++b) dtile<Dec, 1, kAhead>(dec, x, a32, xs, b0 + b, cr + b * 16);
       continue;
     }
     for (int64_t b = 0; b < nblk; ++b) {

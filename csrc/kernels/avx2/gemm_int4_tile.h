@@ -11,8 +11,10 @@
 //           chains for short tiles); `Dot::add(dot, lo, hi, xl, xh)` adds per 32-bit lane (one
 //           column) Σ_{i<4} lo[i]·xl[i] + hi[i]·xh[i] into them, exactly. Set 0 starts at
 //           −64·Σxq, the others at 0; they are added (exactly) at the group's end;
-//   decode: a tile reads one block (one weight stream) and prefetches it kPfLines octets
-//           (2 KiB) ahead and the scales kPfGroups groups ahead (past the matrix: harmless hints);
+//   decode: a tile reads one block (one weight stream) and prefetches it kAhead bytes ahead
+//           with hint kHint (each including file picks them; blocks are contiguous, so near a
+//           block's end that is the next tile's block) and the scales kPfGroups groups ahead
+//           (past the matrix: harmless hints);
 //   epilogue per group: acc += d·float(dot) as a mul then an add kept apart (the product is
 //           pinned in a register, so the compiler cannot fuse them into an FMA): the generic
 //           kernel's rounding. Then c = sx·acc: the fp32 bits equal generic's for every MR,
@@ -27,7 +29,6 @@ namespace ktmoe {
 namespace avx2 {
 namespace {
 
-constexpr int64_t kPfLines = 32;  // weight prefetch distance, octets (64-byte lines) ahead
 constexpr int64_t kPfGroups = 8;  // scale prefetch distance, groups (32-byte records) ahead
 
 // The u bytes of the low and high nibbles of the 32 packed bytes at p.
@@ -46,7 +47,8 @@ inline __m256 mul_then_add(__m256 a, __m256 b, __m256 c) {
 
 // MR rows of xq (s8 [MR, ldq]) x one block: wb its kp/8 octets, sc its kp/g scale
 // records (kInt4ScaleBytes each), gsum [MR, gsum_ld]; c [MR, ldc], 16 columns.
-template <class Dot, int MR>
+// kAhead / kHint: the weight prefetch, bytes ahead on the block stream and _MM_HINT_* (0: none).
+template <class Dot, int MR, int64_t kAhead, int kHint>
 __attribute__((noinline)) void int4_tile(const uint8_t* wb, const uint8_t* sc, int64_t kp, int64_t g,
                                          const int8_t* xq, int64_t ldq, const float* sx,
                                          const int32_t* gsum, int64_t gsum_ld, float* c, int64_t ldc) {
@@ -69,7 +71,7 @@ __attribute__((noinline)) void int4_tile(const uint8_t* wb, const uint8_t* sc, i
       }
     for (int64_t o = 0; o < octets; ++o) {
       const uint8_t* p = wg + o * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(p + kPfLines * 64), _MM_HINT_T0);
+      if constexpr (kAhead > 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAhead), _mm_hint(kHint));
       __m256i l0, h0, l1, h1;
       unpack_u(p, table, nib, l0, h0);
       unpack_u(p + 32, table, nib, l1, h1);
@@ -95,10 +97,11 @@ __attribute__((noinline)) void int4_tile(const uint8_t* wb, const uint8_t* sc, i
   }
 }
 
-// The gemm_int4 entry point (isa_kernels.h) over Dot. w: packed kINT4 (group w->group: a
+// The gemm_int4 entry point (isa_kernels.h) over Dot, prefetching the weights kAhead bytes
+// ahead with _MM_HINT_* kHint (0: none). w: packed kINT4 (group w->group: a
 // multiple of 32 dividing kp); a: int8 rows (kp used, scale, group sums over w->group);
 // c: fp32 [M, ldc], 16*(b1-b0) columns.
-template <class Dot>
+template <class Dot, int64_t kAhead, int kHint>
 void gemm_int4_with(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1,
                     float* c, int64_t ldc) {
   const int64_t kp = w->kp, g = w->group, nblk = b1 - b0;
@@ -110,9 +113,9 @@ void gemm_int4_with(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t
   // block-outer: a block (kp*8 bytes) stays in cache while every row tile reads it
   for (int64_t b = 0; b < nblk; ++b) {
     for_row_tiles(m, [&](auto mr, int64_t r) {
-      int4_tile<Dot, decltype(mr)::value>(wblk + b * blk_bytes, sblk + b * sc_bytes, kp, g, a.q + r * a.ldq,
-                                          a.ldq, a.scale + r, a.gsum + r * a.gsum_ld, a.gsum_ld,
-                                          c + r * ldc + b * 16, ldc);
+      int4_tile<Dot, decltype(mr)::value, kAhead, kHint>(wblk + b * blk_bytes, sblk + b * sc_bytes, kp, g,
+                                                         a.q + r * a.ldq, a.ldq, a.scale + r, a.gsum + r * a.gsum_ld,
+                                                         a.gsum_ld, c + r * ldc + b * 16, ldc);
     });
   }
 }

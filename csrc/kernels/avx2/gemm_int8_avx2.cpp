@@ -16,13 +16,18 @@
 //            per call): one 32-bit broadcast of each per row and k-quad.
 // Per 64 weight bytes and row: 2 loads (folded into the xors), 2 xor, 2 vpsignb,
 // 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd, 2 broadcasts: 18 instructions per k-quad of
-// the M = 1 loop (objdump) against 23 for widening u8 and xq to int16 (and, shift,
-// 4 vpmaddwd, 4 vpaddd); with groups it also drops the 128·Σxq correction of every
-// group. Measured (int8 layer, H 2048, I 768, 32 experts, T = 1, KTMOE_ISA=avx2, a
-// loaded 2-core Zen 5; min of 140 calls, 1 / 2 threads): per channel 2.12 -> 1.97 /
-// 1.29 -> 1.17 ms, groups of 32 3.19 -> 2.36 / 1.87 -> 1.40 ms. Tried and dropped:
-// two blocks per decode tile sharing the broadcasts (15 % slower) and software
-// prefetch 512 / 1024 / 2048 bytes ahead (no gain or slower).
+// the M = 1 loop (objdump; 19 with the prefetch below) against 23 for widening u8 and xq
+// to int16 (and, shift, 4 vpmaddwd, 4 vpaddd); with groups it also drops the 128·Σxq
+// correction of every group. Measured (int8 layer, H 2048, I 768, 32 experts, T = 1,
+// KTMOE_ISA=avx2, a loaded 2-core Zen 5; min of 140 calls, 1 / 2 threads): per channel
+// 2.12 -> 1.97 / 1.29 -> 1.17 ms, groups of 32 3.19 -> 2.36 / 1.87 -> 1.40 ms. Tried and
+// dropped: two blocks per decode tile sharing the broadcasts (15 % slower).
+// Prefetch: each k-quad prefetches the line kInt8Ahead = 8 KiB ahead on the block stream into
+// L2 (prefetcht1; blocks are contiguous, so near a block's end that is the next one).
+// Measured (benchmarks/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 / median of 3840
+// samples, loaded 2-core Zen 5): 2.11 / 2.58 ms a forward of 8 experts against 2.39 / 3.19
+// with none, 2.27 / 2.71 with 4 KiB; 1 KiB into L1 no better than none; prefetching the
+// group scales 8 or 16 groups ahead as well no better.
 // Tiles: MR = 4 rows x 1 block (8 int32 accumulators), blocks outer. The int32 sums
 // are exact, so the integers are identical to every other ISA; the epilogue
 // (gemm_int8_tile.h, shared with avx2_vnni) is the generic one (the same multiplies and
@@ -45,12 +50,14 @@ void abs_int8_rows(const int8_t* q, int64_t ldq, int64_t rows, int64_t kp, int8_
 
 // acc[r][h] += Σ (u − 128)·xq over k-quads [kq0, kq1) of one block (wb), columns
 // 8h .. 8h+7; rows r < MR of xq (stride ldq) and |xq| (stride lda).
-template <int MR>
+// kAhead / kHint: a prefetch of the line kAhead bytes ahead per k-quad (0: none).
+template <int MR, int64_t kAhead, int kHint>
 inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, int64_t kq1, const int8_t* xq,
                        int64_t ldq, const int8_t* xa, int64_t lda) {
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
   for (int64_t kq = kq0; kq < kq1; ++kq) {
     const uint8_t* p = wb + kq * 64;
+    if constexpr (kAhead > 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAhead), _mm_hint(kHint));
     const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
     const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip);
     for (int r = 0; r < MR; ++r) {
@@ -61,12 +68,14 @@ inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, in
   }
 }
 
-}  // namespace
+constexpr int64_t kInt8Ahead = 8192;  // weight prefetch distance (bytes, into L2)
 
 // w: packed kINT8; a: int8 rows (kp used) and scales [M, kp / group] (a.gsum is not read: the dot is
 // Σ (u − 128)·xq directly); c: fp32 [M, ldc], 16*(b1-b0) columns.
-void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
-               int64_t b1, float* c, int64_t ldc) {
+// kAhead / kHint: the weight prefetch (int8_quads).
+template <int64_t kAhead, int kHint>
+void gemm_int8_ahead(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1,
+                     float* c, int64_t ldc) {
   const int64_t kp = w->kp, g = w->group, nblk = b1 - b0;
   const int64_t blk_bytes = block_data_bytes(WeightFormat::kINT8, kp);
   const uint8_t* wblk = packed_data(w) + b0 * blk_bytes;
@@ -89,12 +98,19 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
         const int8_t *xr = xq + r * a.ldq, *xar = xa + r * kp;
         const auto group_dot = [&](__m256i(&acc)[MR][2], int64_t G) {
           for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-          int8_quads<MR>(acc, wb, G * g / 4, (G + 1) * g / 4, xr, a.ldq, xar, kp);
+          int8_quads<MR, kAhead, kHint>(acc, wb, G * g / 4, (G + 1) * g / 4, xr, a.ldq, xar, kp);
         };
         int8_tile<MR>(kp / g, group_dot, sx + r * (kp / g), scales + b * blk_scales, cr + r * ldc + b * 16, ldc);
       });
     }
   }
+}
+
+}  // namespace
+
+void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1, float* c,
+               int64_t ldc) {
+  gemm_int8_ahead<kInt8Ahead, _MM_HINT_T1>(w, a, m, b0, b1, c, ldc);
 }
 
 }  // namespace avx2

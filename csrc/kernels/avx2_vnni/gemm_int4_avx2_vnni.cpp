@@ -5,7 +5,8 @@
 // prefetch, the group epilogue with generic's rounding, so the same fp32 bits); only the dot
 // differs: two vpdpbusd (vnni_dot.h) per row and 32 weight bytes, u (unsigned) times xq
 // (signed), where avx2 takes 2 vpmaddubsw + 2 vpmaddwd + 2 vpaddd. Vector instructions per 64
-// weight bytes at one row: 2 loads, 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpdpbusd, 1 prefetch:
+// weight bytes at one row: 2 loads, 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpdpbusd, 1 prefetch
+// (2 KiB ahead into L1):
 // 19 (avx2: 27). The one-row loop as GCC 12 emits it (objdump, benchmarks/bench_avx2_vnni.py):
 // 27 instructions per 64 weight bytes against avx2's 33 (both with the loop counters, each
 // weight vector loaded twice and accumulator copies GCC adds).
@@ -39,7 +40,7 @@ struct VnniOctets {
 
 void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1, float* c,
                int64_t ldc) {
-  avx2::gemm_int4_with<VnniOctets>(w, a, m, b0, b1, c, ldc);
+  avx2::gemm_int4_with<VnniOctets, 2048, _MM_HINT_T0>(w, a, m, b0, b1, c, ldc);
 }
 
 }  // namespace KTMOE_AVX2_VNNI_NS
