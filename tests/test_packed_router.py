@@ -74,3 +74,19 @@ def test_loading_a_state_dict_packs_the_new_weight():
     x = torch.randn(2, H).to(torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(router(x)[0].float(), other(x)[0].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_packed_router_survives_deepcopy_and_pickle():
+    import copy
+    import pickle
+
+    cls = router_class(*next(iter(REFERENCE_ROUTERS)))
+    router = make_router(cls)
+    pack_router(router)
+    x = torch.randn(3, H).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = router(x)
+        for clone in (copy.deepcopy(router), pickle.loads(pickle.dumps(router))):
+            assert clone.forward.router is clone and clone.ktmoe_w_packed.data_ptr() != router.ktmoe_w_packed.data_ptr()
+            out = clone(x)
+            assert all(torch.equal(a, b) for a, b in zip(out, ref))

@@ -16,7 +16,6 @@ into it packs the new weight again. Any other router is left as it is.
 from __future__ import annotations
 
 import inspect
-import types
 
 import torch
 import torch.nn as nn
@@ -88,8 +87,19 @@ def router_refusal(router: nn.Module) -> str | None:
     return None
 
 
-def _repack(router: nn.Module) -> None:
+def _repack_after_load(router: nn.Module, incompatible_keys) -> None:
     router.ktmoe_w_packed = ops.pack_linear(router.weight.detach())
+
+
+class _PackedForward:
+    """``router.forward``: our forward bound to the router (an object, not a bound method, so that pickling
+    the router keeps it: a bound method pickles as a lookup of its function's name on the router)."""
+
+    def __init__(self, router: nn.Module, forward):
+        self.router, self.forward = router, forward
+
+    def __call__(self, hidden_states):
+        return self.forward(self.router, hidden_states)
 
 
 def pack_router(router: nn.Module) -> None:
@@ -99,5 +109,5 @@ def pack_router(router: nn.Module) -> None:
     if reason is not None:
         raise ValueError(f"cannot pack the router {type(router).__name__}: {reason}")
     router.register_buffer("ktmoe_w_packed", ops.pack_linear(router.weight.detach()), persistent=False)
-    router.register_load_state_dict_post_hook(lambda module, incompatible: _repack(module))
-    router.forward = types.MethodType(_reference_sources()[_source(type(router))], router)
+    router.register_load_state_dict_post_hook(_repack_after_load)
+    router.forward = _PackedForward(router, _reference_sources()[_source(type(router))])
