@@ -70,9 +70,7 @@ def test_each_row_packs_decodes_and_forwards_as_it_says(row, H, I, group):
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["name"] for r in ROWS])
 def test_bits_per_weight_is_what_a_large_matrix_costs(row):
-    """Blob bytes per weight of an aligned matrix, at the default group: the row's bits_per_weight
-    (per-row scales, not counted there, add 32 / k bits)."""
+    """Blob bytes per weight of an aligned matrix packed at the row's default group: its bits_per_weight."""
     n, k = 256, 1024
-    blob = torch_ktmoe._C.packed_matrix_bytes(row["name"], "plain", n, k, 0)
-    per_row_scales = 32 / k if row["group"] == "row" else 0
-    assert blob * 8 / (n * k) == pytest.approx(row["bits_per_weight"] + per_row_scales, abs=64 * 8 / (n * k))
+    blob = torch_ktmoe._C.packed_matrix_bytes(row["name"], "plain", n, k, row["default_group"])
+    assert blob * 8 / (n * k) == pytest.approx(row["bits_per_weight"], abs=64 * 8 / (n * k))

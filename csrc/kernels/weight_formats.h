@@ -83,7 +83,8 @@ struct WeightFormatTraits {
   int k_run;                   // inputs of one column stored side by side in a block: 2 (pairs), 4 (quads),
                                // 8 (int4's octets: quads in the low, then the high nibbles)
   GroupRule group;
-  int64_t default_group;       // kChosen: the group of group_size 0
+  int64_t default_group;       // kChosen: the group of group_size 0; kRow: the group the loaders pack
+                               // dense weights with when none is given (group_size 0 is per row)
   ScaleLayout scales;
   int scale_bytes;             // bytes of one scale (0 without scales; int4_affine: 4 of s + 1 of z)
   ActivationRows activations;
@@ -101,9 +102,9 @@ struct WeightFormatTraits {
     return activation_scale == ActivationScale::kPerWeightGroup ? group : kp;
   }
 
-  // Bits per weight including scales, at the default group (kRow: scales not counted).
+  // Bits per weight including scales, at default_group (int8: 9, its scales per group of 32).
   double bits_per_weight() const {
-    return code_bits + (group == GroupRule::kChosen ? 8.0 * scale_bytes / double(default_group) : 0.0);
+    return code_bits + (default_group > 0 ? 8.0 * scale_bytes / double(default_group) : 0.0);
   }
 };
 
