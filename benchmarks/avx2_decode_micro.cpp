@@ -2,8 +2,8 @@
 // gemm_int4_avx2.cpp + gemm_int4_tile.h): variants timed alternately in one process,
 // cold and hot.
 //
-// Build and run (from the repository root; flags = csrc/isa_flags.json's avx2 row, no
-// -march=native: the binary must run what an AVX2-only host runs):
+// Build and run (from the repository root; flags = csrc/isa_flags.json's avx2 row and no
+// host-tuned ones: the binary must run what an AVX2-only host runs):
 //   g++ -O3 -std=c++17 -fopenmp -Icsrc $(python -c "import json;print(' '.join(json.load(
 //     open('csrc/isa_flags.json'))['avx2']))") benchmarks/avx2_decode_micro.cpp -o build/avx2_decode_micro
 //   build/avx2_decode_micro [rounds=15] [threads=1] [variants: comma-separated substrings, "" = all] [M=1]

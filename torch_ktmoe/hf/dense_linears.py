@@ -28,12 +28,11 @@ import torch.nn as nn
 from ..linear import KTLinear
 from .experts import KTMoEExperts, looks_like_experts
 from .packed_router import pack_router, router_refusal
-from .patch import set_submodule
+from .patch import DENSE_DTYPES, set_submodule
 
 __all__ = ["pack_linears", "PackedLinears", "DEFAULT_MIN_BYTES"]
 
 DEFAULT_MIN_BYTES = 64 << 10  # dense weight bytes below which a layer stays an nn.Linear
-DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass

@@ -15,12 +15,15 @@ into it packs the new weight again. Any other router is left as it is.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 
 import torch
 import torch.nn as nn
 
 from .. import ops
+from .patch import DENSE_DTYPES
 
 __all__ = ["pack_router", "router_refusal", "REFERENCE_ROUTERS"]
 
@@ -48,31 +51,27 @@ REFERENCE_ROUTERS = {
     ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeTopKRouter"): _softmax_topk_by_flag,
     ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeTopKRouter"): _softmax_topk_normalised,
 }
-_SOURCES: dict[str, object] | None = None
 
 
-def _source(cls) -> str | None:
-    try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError, AttributeError):
-        return None
-
-
+@functools.cache
 def _reference_sources() -> dict[str, object]:
     """{reference forward's source: our forward}, for the reference routers this transformers has."""
-    global _SOURCES
-    if _SOURCES is None:
-        import importlib
+    sources = {}
+    for (module, name), forward in REFERENCE_ROUTERS.items():
+        try:
+            sources[inspect.getsource(getattr(importlib.import_module(module), name).forward)] = forward
+        except (ImportError, AttributeError, OSError, TypeError):
+            continue
+    return sources
 
-        _SOURCES = {}
-        for (module, name), forward in REFERENCE_ROUTERS.items():
-            try:
-                source = _source(getattr(importlib.import_module(module), name))
-            except (ImportError, AttributeError):
-                continue
-            if source is not None:
-                _SOURCES[source] = forward
-    return _SOURCES
+
+@functools.cache
+def _packed_forward(cls: type):
+    """Our forward for router class ``cls`` (its forward's source is a reference router's), or None."""
+    try:
+        return _reference_sources().get(inspect.getsource(cls.forward))
+    except (OSError, TypeError, AttributeError):
+        return None
 
 
 def router_refusal(router: nn.Module) -> str | None:
@@ -80,9 +79,9 @@ def router_refusal(router: nn.Module) -> str | None:
     weight = getattr(router, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return "no 2-D weight"
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if weight.device.type != "cpu" or weight.dtype not in DENSE_DTYPES:
         return f"weight {weight.dtype} on {weight.device} (packs fp32 / bf16 / fp16 on the CPU)"
-    if _source(type(router)) not in _reference_sources():
+    if _packed_forward(type(router)) is None:
         return f"its forward is none of the reference routers' ({', '.join(n for _, n in REFERENCE_ROUTERS)})"
     return None
 
@@ -110,4 +109,4 @@ def pack_router(router: nn.Module) -> None:
         raise ValueError(f"cannot pack the router {type(router).__name__}: {reason}")
     router.register_buffer("ktmoe_w_packed", ops.pack_linear(router.weight.detach()), persistent=False)
     router.register_load_state_dict_post_hook(_repack_after_load)
-    router.forward = _PackedForward(router, _reference_sources()[_source(type(router))])
+    router.forward = _PackedForward(router, _packed_forward(type(router)))
