@@ -2,6 +2,8 @@
 // avx2_decode_micro.cpp): page-aligned buffers, a clock, sample statistics, and the
 // variant filter of their command lines. Header-only; each benchmark is one translation unit.
 #pragma once
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -26,10 +28,14 @@ struct Args {
   }
 };
 
-// n bytes (rounded up to whole pages), 4096-aligned; aborts when out of memory.
+// n bytes (rounded up to whole 2 MiB pages), 2 MiB-aligned and advised as transparent huge pages, as the
+// library allocates packed weights (common/huge_pages.h); aborts when out of memory.
 inline uint8_t* alloc_pages(size_t n) {
-  void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t bytes = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, bytes);
   if (!p) std::abort();
+  if (!std::getenv("MICRO_4K_PAGES")) madvise(p, bytes, MADV_HUGEPAGE);
   return static_cast<uint8_t*>(p);
 }
 

@@ -40,7 +40,8 @@ class KTMoE(nn.Module):
             128); int8: a scale per (row, group of this many inputs; its activations per the same
             groups), default 32, 0: one per row (per channel, as int8 files packed before groups).
             Quantized checkpoints with NUMA parts: each part must start at a multiple of it.
-        hugepage: ``MADV_HUGEPAGE`` on file-backed slices.
+        hugepage: ``MADV_HUGEPAGE`` on the experts' memory: file-backed slices, and anonymous
+            allocations of 2 MiB and more (transparent huge pages: fewer TLB misses while decode streams them).
         warm: ``"auto"`` (default): with file-backed experts that fit in memory
             (the check ``prefetch="auto"`` makes, per model directory), the
             model's one background worker prefaults its layers in load order

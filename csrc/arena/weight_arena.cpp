@@ -148,9 +148,10 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
 }
 
 void* KtWeightArena::alloc_anonymous(int64_t n) {
-  void* p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
+  const bool huge = options_.hugepage && n >= kHugePageBytes;  // its own mapping, on huge pages
+  void* p = huge ? map_huge_pages(n) : std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();
-  anon_.emplace_back(p);
+  anon_.emplace_back(p, AnonDelete{huge ? n : 0});
   return p;
 }
 

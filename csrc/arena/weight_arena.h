@@ -2,7 +2,8 @@
 //
 // One arena per (layer, NUMA part). Two modes:
 //   * anonymous (dir empty): each alloc is aligned_alloc(64, n): the plain heap
-//     path, zero overhead;
+//     path, zero overhead; from 2 MiB up (with options.hugepage) its own
+//     2 MiB-aligned mapping with MADV_HUGEPAGE (common/huge_pages.h);
 //   * file-backed (dir given): one backing file under dir, created and unlinked
 //     at open (no crash leaves GiB-sized files behind). Each alloc reserves a
 //     2 MiB-aligned, 2 MiB-rounded range of the file with fallocate (a full disk
@@ -73,6 +74,7 @@
 #include "arena/backing_file.h"
 #include "arena/cache_file.h"
 #include "arena/mapped_slice.h"
+#include "common/huge_pages.h"
 #include "common/parallel_for.h"
 
 namespace ktmoe {
@@ -92,7 +94,7 @@ struct ProcessArenaStats : ArenaStats {
 };
 
 struct ArenaOptions {
-  bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices
+  bool hugepage = true;    // MADV_HUGEPAGE on file-backed slices and on anonymous allocations of 2 MiB and more
   int numa_node = -1;      // first-touch node; -1: none
   bool persistent = false; // file from begin_build()/open_cached(), not an unnamed one
   bool trust_others = false; // accept cache files/dirs of other users or writable by others
@@ -122,7 +124,7 @@ class KtWeightArena {
   KtWeightArena& operator=(const KtWeightArena&) = delete;
 
   // Thread-safe. Returns memory of at least n bytes, 64-byte aligned (2 MiB
-  // aligned when file-backed). File-backed memory reads as zero until written;
+  // aligned when file-backed, or anonymous and n >= 2 MiB with options.hugepage). File-backed memory reads as zero until written;
   // anonymous memory is uninitialised (packers write every byte). Throws
   // std::bad_alloc only if even the anonymous fallback fails.
   void* alloc(int64_t n, bool* file_backed);
@@ -224,8 +226,9 @@ class KtWeightArena {
   std::vector<Span> mapped_spans() const;  // snapshot of the file-backed slices
   void run_prefault(const std::vector<Span>& spans, int fd);
 
-  struct FreeDelete {
-    void operator()(void* p) const { std::free(p); }
+  struct AnonDelete {
+    int64_t mapped = 0;  // bytes of a map_huge_pages mapping; 0: aligned_alloc'd
+    void operator()(void* p) const { mapped ? unmap_huge_pages(p, mapped) : std::free(p); }
   };
   bool holds_memory() const { return !mapped_.empty() || !anon_.empty(); }
 
@@ -238,7 +241,7 @@ class KtWeightArena {
   std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)
   mutable std::mutex mutex_;
   std::vector<MappedSlice> mapped_;                       // file-backed slices (munmap by RAII)
-  std::vector<std::unique_ptr<void, FreeDelete>> anon_;  // anonymous allocations
+  std::vector<std::unique_ptr<void, AnonDelete>> anon_;  // anonymous allocations
   ArenaStats stats_;
   bool warned_ = false;
   // background prefault (weight_arena_residency.cpp)

@@ -44,6 +44,7 @@
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
 #include "ops/pack_each_expert.h"
+#include "ops/weight_bytes.h"
 
 namespace ktmoe {
 namespace {
@@ -161,7 +162,7 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   const int64_t block_bytes = block_data_bytes(WeightFormat::kBF16, h.kp);
   const int64_t data_end = h.data_offset + h.np / kBlockN * block_bytes;
   // allocation: header, then every block written by its chunk, zero after the data
-  at::Tensor out = at::empty({h.total_bytes}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor out = empty_weight_bytes({h.total_bytes});
   uint8_t* base = out.data_ptr<uint8_t>();
   std::memset(base, 0, size_t(h.data_offset));
   std::memcpy(base, &h, sizeof(h));

@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "ops/pack_each_expert.h"
 #include "ops/weight_format.h"
+#include "ops/weight_bytes.h"
 
 namespace ktmoe {
 namespace {
@@ -109,9 +110,8 @@ std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up, const
                                                 const at::Tensor& down, c10::string_view weight_format,
                                                 int64_t group_size) {
   const PackPlan plan = plan_pack(gate_up, up, down, weight_format, group_size);
-  const auto bytes = at::TensorOptions().dtype(at::kByte);
-  at::Tensor w13 = at::empty({plan.experts, plan.h13.total_bytes}, bytes);
-  at::Tensor w2 = at::empty({plan.experts, plan.h2.total_bytes}, bytes);
+  at::Tensor w13 = empty_weight_bytes({plan.experts, plan.h13.total_bytes});
+  at::Tensor w2 = empty_weight_bytes({plan.experts, plan.h2.total_bytes});
   pack_experts_out(gate_up, up, down, weight_format, group_size, w13, w2);
   return {w13, w2};
 }

@@ -16,6 +16,7 @@
 #include "kernels/pack_fp8.h"
 #include "ops/ops.h"
 #include "ops/pack_each_expert.h"
+#include "ops/weight_bytes.h"
 
 namespace ktmoe {
 namespace {
@@ -100,9 +101,8 @@ std::tuple<at::Tensor, at::Tensor> pack_fp8_experts(const at::Tensor& gate_up, c
                                                     const c10::optional<at::Tensor>& up_scale,
                                                     const at::Tensor& down_scale, int64_t group_size) {
   const PackPlan plan = plan_fp8(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size);
-  const auto bytes = at::TensorOptions().dtype(at::kByte);
-  at::Tensor w13 = at::empty({plan.experts, plan.h13.total_bytes}, bytes);
-  at::Tensor w2 = at::empty({plan.experts, plan.h2.total_bytes}, bytes);
+  at::Tensor w13 = empty_weight_bytes({plan.experts, plan.h13.total_bytes});
+  at::Tensor w2 = empty_weight_bytes({plan.experts, plan.h2.total_bytes});
   pack_fp8_experts_out(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size, w13, w2);
   return {w13, w2};
 }

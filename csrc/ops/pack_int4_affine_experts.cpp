@@ -18,6 +18,7 @@
 #include "kernels/pack_int4_affine.h"
 #include "ops/ops.h"
 #include "ops/pack_each_expert.h"
+#include "ops/weight_bytes.h"
 
 namespace ktmoe {
 namespace {
@@ -150,9 +151,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4_affine_experts(
     const c10::optional<at::Tensor>& gate_up_zero, const c10::optional<at::Tensor>& up_zero,
     const c10::optional<at::Tensor>& down_zero, int64_t group_size) {
   const PackPlan plan = plan_pack_shapes(kOp, gate_up, up, down, WeightFormat::kINT4A, group_size);
-  const auto bytes = at::TensorOptions().dtype(at::kByte);
-  at::Tensor w13 = at::empty({plan.experts, plan.h13.total_bytes}, bytes);
-  at::Tensor w2 = at::empty({plan.experts, plan.h2.total_bytes}, bytes);
+  at::Tensor w13 = empty_weight_bytes({plan.experts, plan.h13.total_bytes});
+  at::Tensor w2 = empty_weight_bytes({plan.experts, plan.h2.total_bytes});
   pack_int4_affine_experts_out(gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero, up_zero,
                                down_zero, group_size, w13, w2);
   return {w13, w2};

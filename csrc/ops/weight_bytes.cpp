@@ -1,0 +1,19 @@
+// [NOTE] empty_weight_bytes (see weight_bytes.h): a map_huge_pages mapping owned by the tensor's
+// storage (unmapped by its deleter), or torch's allocator when mmap fails or the tensor is small.
+#include "ops/weight_bytes.h"
+
+#include "common/huge_pages.h"
+
+namespace ktmoe {
+
+at::Tensor empty_weight_bytes(at::IntArrayRef sizes) {
+  const auto bytes_options = at::TensorOptions().dtype(at::kByte);
+  int64_t bytes = 1;
+  for (int64_t s : sizes) bytes *= s;
+  if (bytes >= kHugePageBytes)
+    if (void* p = map_huge_pages(bytes))
+      return at::from_blob(p, sizes, [bytes](void* q) { unmap_huge_pages(q, bytes); }, bytes_options);
+  return at::empty(sizes, bytes_options);
+}
+
+}  // namespace ktmoe
