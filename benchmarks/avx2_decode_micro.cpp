@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
   const int64_t mc = args.m;
   const int64_t E = 64, topk = 8;
   const Weights W = make_weights(E);
-  constexpr int T0 = _MM_HINT_T0, T1 = _MM_HINT_T1;
+  constexpr int T0 = _MM_HINT_T0, T1 = _MM_HINT_T1, T2 = _MM_HINT_T2;
   const std::vector<Variant> all = {
       {"READ ONLY: int8 blocks", &read_blocks<kI8>, nullptr, kI8},
       {"READ ONLY: int4 blocks", &read_blocks<kI4>, nullptr, kI4},
@@ -318,6 +318,8 @@ int main(int argc, char** argv) {
       {"int8 L2 ahead 4K", &gemm_int8_ahead<4096, T1>, nullptr, kI8},
       {"int8 L2 ahead 8K", &gemm_int8_ahead<8192, T1>, nullptr, kI8},
       {"int8 L2 ahead 16K", &gemm_int8_ahead<16384, T1>, nullptr, kI8},
+      {"int8 T2 ahead 4K", &gemm_int8_ahead<4096, T2>, nullptr, kI8},
+      {"int8 T2 ahead 16K", &gemm_int8_ahead<16384, T2>, nullptr, kI8},
       {"int4 (library)", &avx2::gemm_int4, nullptr, kI4},
       {"int4 no prefetch", &int4_ahead<0, T0>, nullptr, kI4},
       {"int4 L1 ahead 1K", &int4_ahead<1024, T0>, nullptr, kI4},

@@ -22,12 +22,19 @@
 // KTMOE_ISA=avx2, a loaded 2-core Zen 5; min of 140 calls, 1 / 2 threads): per channel
 // 2.12 -> 1.97 / 1.29 -> 1.17 ms, groups of 32 3.19 -> 2.36 / 1.87 -> 1.40 ms. Tried and
 // dropped: two blocks per decode tile sharing the broadcasts (15 % slower).
-// Prefetch: each k-quad prefetches the line kInt8Ahead = 8 KiB ahead on the block stream into
-// L2 (prefetcht1; blocks are contiguous, so near a block's end that is the next one).
+// Prefetch: each k-quad prefetches the line kInt8Ahead = 8 KiB ahead on the block stream with
+// prefetcht2 (blocks are contiguous, so near a block's end that is the next one).
 // Measured (benchmarks/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 / median of 3840
-// samples, loaded 2-core Zen 5): 2.11 / 2.58 ms a forward of 8 experts against 2.39 / 3.19
-// with none, 2.27 / 2.71 with 4 KiB; 1 KiB into L1 no better than none; prefetching the
-// group scales 8 or 16 groups ahead as well no better.
+// samples, loaded 2-core Zen 5, 4 KiB pages): 2.11 / 2.58 ms a forward of 8 experts with
+// prefetcht1 against 2.39 / 3.19 with none, 2.27 / 2.71 with 4 KiB; 1 KiB into L1 no better
+// than none; prefetching the group scales 8 to 64 groups ahead as well no better. On huge pages
+// (common/huge_pages.h; 576-960 samples, quiet) prefetcht2 was 2-5 % faster than prefetcht1 in
+// three runs (1.787 / 1.906 against 1.852 / 1.951 ms) and 1 % in a fourth; level on 2 threads;
+// 16 KiB as 8 KiB.
+// What is left at one thread is overlap, not instructions: hot in L2 the loop runs 47-55 GB/s,
+// and dropping the xor and vpsignb (wrong values, 15 instead of 19 per k-quad) or making the
+// arithmetic independent of the loaded bytes gains 0-5 % cold; the weight stream alone reads
+// at the roof.
 // Tiles: MR = 4 rows x 1 block (8 int32 accumulators), blocks outer. The int32 sums
 // are exact, so the integers are identical to every other ISA; the epilogue
 // (gemm_int8_tile.h, shared with avx2_vnni) is the generic one (the same multiplies and
@@ -68,7 +75,7 @@ inline void int8_quads(__m256i (&acc)[MR][2], const uint8_t* wb, int64_t kq0, in
   }
 }
 
-constexpr int64_t kInt8Ahead = 8192;  // weight prefetch distance (bytes, into L2)
+constexpr int64_t kInt8Ahead = 8192;  // weight prefetch distance (bytes; prefetcht2)
 
 // w: packed kINT8; a: int8 rows (kp used) and scales [M, kp / group] (a.gsum is not read: the dot is
 // Σ (u − 128)·xq directly); c: fp32 [M, ldc], 16*(b1-b0) columns.
@@ -110,7 +117,7 @@ void gemm_int8_ahead(const PackedMatrixHeader* w, const QuantizedRows& a, int64_
 
 void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0, int64_t b1, float* c,
                int64_t ldc) {
-  gemm_int8_ahead<kInt8Ahead, _MM_HINT_T1>(w, a, m, b0, b1, c, ldc);
+  gemm_int8_ahead<kInt8Ahead, _MM_HINT_T2>(w, a, m, b0, b1, c, ldc);
 }
 
 }  // namespace avx2
