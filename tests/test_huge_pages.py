@@ -80,3 +80,17 @@ def test_anonymous_arena_without_hugepage_leaves_the_advice_off():
     t = arena.empty(6 * MIB)
     t.fill_(1)
     assert "hg" not in vm_flags(middle(t))
+
+
+def test_huge_page_tensors_behave_as_torch_tensors(tmp_path):
+    """The pack ops' outputs own a mapping of their own: save, load, deepcopy and share_memory_ still work."""
+    import copy
+
+    w13, _ = ops.pack_experts(torch.randn(2, 2048, 1024).to(torch.bfloat16),
+                              torch.randn(2, 1024, 1024).to(torch.bfloat16), "int8")
+    want = w13.clone()
+    assert torch.equal(copy.deepcopy(w13), want)
+    torch.save({"w13": w13}, tmp_path / "w.pt")
+    assert torch.equal(torch.load(tmp_path / "w.pt")["w13"], want)
+    w13.share_memory_()
+    assert w13.is_shared() and torch.equal(w13, want)
