@@ -65,7 +65,8 @@ def main():
     args = ap.parse_args()
     total = int(args.gib * (1 << 30)) // (args.slice_mib * MiB) * (args.slice_mib * MiB)
     base = args.dir or tempfile.mkdtemp(prefix="ktmoe-bench-", dir=os.getcwd())
-    modes = {"anonymous": (None, False), "file, MADV_HUGEPAGE": (base, True), "file, no hugepage": (base, False)}
+    modes = {"anonymous, MADV_HUGEPAGE": (None, True), "anonymous, no hugepage": (None, False),
+             "file, MADV_HUGEPAGE": (base, True), "file, no hugepage": (base, False)}
     results = {}
     for name, (directory, huge) in modes.items():
         runs = [one_run(directory, huge, total, args.slice_mib * MiB) for _ in range(args.repeats)]

@@ -6,7 +6,7 @@ Run:  python -m benchmarks.bench_huge_pages [--formats int8,int4] [--threads 1,2
 The reference layer (E=128, top-8, H=2048, I=768) is packed once: the pack op's outputs are the
 library's own memory (common/huge_pages.h: 2 MiB-aligned, MADV_HUGEPAGE). A copy of the same bytes
 goes into an anonymous private mapping without the advice (4 KiB pages under THP's "madvise" mode).
-T=1 calls alternate between the two, in both orders, over random routings (cold experts: 340 MB of
+T=1 calls alternate between the two, in both orders, over random routings (cold experts: 680 MB of
 int8); both give the same bits. Prints median / p10 / min ms of each, weight GB/s at the median and
 the ratio, and how much of this process THP backs (AnonHugePages).
 """

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/huge_pages.cpp"  // the library's allocation of packed weights
+
 namespace decode_micro {
 
 // The command line the decode microbenchmarks share: [rounds=15] [threads=1] [variants:
@@ -28,14 +30,14 @@ struct Args {
   }
 };
 
-// n bytes (rounded up to whole 2 MiB pages), 2 MiB-aligned and advised as transparent huge pages, as the
-// library allocates packed weights (common/huge_pages.h); aborts when out of memory.
+// n bytes as the library allocates packed weights: its own mapping on transparent huge pages
+// (map_huge_pages), or with MICRO_4K_PAGES set a mapping without the advice; never freed; aborts when
+// out of memory.
 inline uint8_t* alloc_pages(size_t n) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  const size_t bytes = (n + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, bytes);
-  if (!p) std::abort();
-  if (!std::getenv("MICRO_4K_PAGES")) madvise(p, bytes, MADV_HUGEPAGE);
+  void* p = std::getenv("MICRO_4K_PAGES")
+                ? mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                : ktmoe::map_huge_pages(int64_t(n));
+  if (p == nullptr || p == MAP_FAILED) std::abort();
   return static_cast<uint8_t*>(p);
 }
 

@@ -1,8 +1,8 @@
 """The roofs that benchmark ratios are taken against, measured in the same run on the same threads.
 
 * read roof: ``read_roof_gbps(threads)`` streams a buffer far larger than the L3, allocated as the
-  packed weights are (huge pages where the host gives them: on 4 KiB pages the same read is 10-20 %
-  slower), with the widest loads our kernels use now (benchmarks/roof_probes.cpp, compiled here on first use with the
+  packed weights are (huge pages where the host gives them: on 4 KiB pages the same read was up to
+  20 % slower on the Zen 5 VM), with the widest loads our kernels use now (benchmarks/roof_probes.cpp, compiled here on first use with the
   flags csrc/isa_flags.json gives the active ISA: zmm loads under avx512 / amx, ymm loads and the
   256-bit FMA roof under avx2 / avx2_vnni, e.g. ``KTMOE_ISA=avx2`` on an AVX-512 host: the roofs of
   the code being measured). ``torch.sum`` reaches only part of it, so it is not used.

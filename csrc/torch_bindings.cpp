@@ -13,7 +13,8 @@ TORCH_LIBRARY(ktmoe, m) {
   m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
         "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float swiglu_alpha=1.702, "
         "float swiglu_limit=7.0, bool prefetch=False) -> Tensor");
-  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) on the heap.
+  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) in new memory
+  // (from 2 MiB up on huge pages, ops/weight_bytes.h).
   m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");
   // The same into caller-allocated outputs (Python takes them from a WeightArena).
   m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "

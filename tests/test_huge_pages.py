@@ -2,7 +2,7 @@
 
 The advice is visible as the ``hg`` flag (VM_HUGEPAGE) of the mapping in /proc/self/smaps, whatever the
 kernel then gives: that is what these tests check. Whether 2 MiB pages arrive depends on THP's mode and
-free memory; the speed it buys is measured in benchmarks/ (bench_moe), not here.
+free memory; the speed it buys is measured by benchmarks/bench_huge_pages.py, not here.
 """
 import os
 
@@ -12,9 +12,18 @@ import torch
 from torch_ktmoe import ops
 from torch_ktmoe.arena import WeightArena
 
-pytestmark = pytest.mark.skipif(not (os.path.exists("/proc/self/smaps")
-                                     and os.path.isdir("/sys/kernel/mm/transparent_hugepage")),
-                                reason="needs Linux with transparent huge pages")
+
+
+def _smaps_shows_vm_flags() -> bool:
+    try:
+        with open("/proc/self/smaps") as f:
+            return any(line.startswith("VmFlags:") for line in f)
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not (os.path.isdir("/sys/kernel/mm/transparent_hugepage") and _smaps_shows_vm_flags()),
+                                reason="needs Linux with transparent huge pages and VmFlags in /proc/self/smaps")
 
 MIB = 1 << 20
 

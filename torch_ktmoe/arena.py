@@ -21,8 +21,8 @@ class CacheLockWarning(UserWarning):
 class WeightArena(_C.WeightArena):
     """An allocator for packed weights; one per (layer, NUMA part).
 
-    ``WeightArena(None, name)`` is anonymous: plain 64-byte-aligned heap memory; with ``hugepage`` (the
-    default) an allocation of 2 MiB or more is 2 MiB-aligned and its whole 2 MiB pages advised ``MADV_HUGEPAGE``.
+    ``WeightArena(None, name)`` is anonymous: with ``hugepage`` (the default) an allocation of 2 MiB or more
+    is its own 2 MiB-aligned mapping advised ``MADV_HUGEPAGE``; smaller ones are 64-byte-aligned heap memory.
     ``WeightArena(dir, name)`` keeps allocations in one ``MAP_SHARED`` file created
     (and unlinked at once) under ``dir``: 2 MiB-aligned slices whose space is
     reserved with ``fallocate`` before anything is written. A directory that

@@ -94,7 +94,8 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
 
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
-    -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default heap).
+    -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default: new
+    memory, on transparent huge pages from 2 MiB up).
     ``group_size``: int4 / fp8 / int4_affine group along the input dimension (None or 0: the format's
     default, 32 / 128 / 128). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
     checkpoint's own codes, scales and zero points are packed exactly by :func:`pack_int4_affine_experts`).

@@ -148,10 +148,13 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
 }
 
 void* KtWeightArena::alloc_anonymous(int64_t n) {
-  const bool huge = options_.hugepage && n >= kHugePageBytes;  // its own mapping, on huge pages
-  void* p = huge ? map_huge_pages(n) : std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
+  anon_.reserve(anon_.size() + 1);  // the push below cannot throw and leak the memory
+  // from 2 MiB up its own mapping, on huge pages; the heap when that is off or mmap fails
+  void* p = options_.hugepage && n >= kHugePageBytes ? map_huge_pages(n) : nullptr;
+  const int64_t mapped = p ? n : 0;
+  if (!p) p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();
-  anon_.emplace_back(p, AnonDelete{huge ? n : 0});
+  anon_.emplace_back(p, AnonDelete{mapped});
   return p;
 }
 

@@ -1,9 +1,10 @@
 // [NOTE] KtWeightArena: the allocator behind every packed expert weight.
 //
 // One arena per (layer, NUMA part). Two modes:
-//   * anonymous (dir empty): each alloc is aligned_alloc(64, n): the plain heap
-//     path, zero overhead; from 2 MiB up (with options.hugepage) its own
-//     2 MiB-aligned mapping with MADV_HUGEPAGE (common/huge_pages.h);
+//   * anonymous (dir empty): an alloc of 2 MiB or more is its own 2 MiB-aligned
+//     private mapping with MADV_HUGEPAGE (common/huge_pages.h; options.hugepage);
+//     smaller ones, with hugepage off or when that mmap fails, aligned_alloc(64, n):
+//     the plain heap. No file, no copy;
 //   * file-backed (dir given): one backing file under dir, created and unlinked
 //     at open (no crash leaves GiB-sized files behind). Each alloc reserves a
 //     2 MiB-aligned, 2 MiB-rounded range of the file with fallocate (a full disk

@@ -2,6 +2,8 @@
 // storage (unmapped by its deleter), or torch's allocator when mmap fails or the tensor is small.
 #include "ops/weight_bytes.h"
 
+#include <memory>
+
 #include "common/huge_pages.h"
 
 namespace ktmoe {
@@ -10,9 +12,15 @@ at::Tensor empty_weight_bytes(at::IntArrayRef sizes) {
   const auto bytes_options = at::TensorOptions().dtype(at::kByte);
   int64_t bytes = 1;
   for (int64_t s : sizes) bytes *= s;
-  if (bytes >= kHugePageBytes)
-    if (void* p = map_huge_pages(bytes))
-      return at::from_blob(p, sizes, [bytes](void* q) { unmap_huge_pages(q, bytes); }, bytes_options);
+  const auto unmap = [bytes](void* q) { unmap_huge_pages(q, bytes); };
+  if (bytes >= kHugePageBytes) {
+    std::unique_ptr<void, decltype(unmap)> mapping(map_huge_pages(bytes), unmap);  // until the tensor owns it
+    if (mapping) {
+      at::Tensor t = at::from_blob(mapping.get(), sizes, unmap, bytes_options);
+      mapping.release();
+      return t;
+    }
+  }
   return at::empty(sizes, bytes_options);
 }
 
