@@ -84,18 +84,28 @@ void int4_ahead(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, 
   gemm_int4_with<MaddubsOctets, kAhead, kHint>(w, a, m, b0, b1, c, ldc);
 }
 
-// Reads only (no arithmetic): blocks [b0, b1) of w in order with 256-bit loads; c[0] = a sum.
-template <Fmt F>
-void read_blocks(const PackedMatrixHeader* w, const QuantizedRows&, int64_t, int64_t b0, int64_t b1, float* c,
+// Reads blocks [b0, b1) of w in order with 256-bit loads; c[0] = a sum. With kAlu / kBroadcasts > 0 each
+// 64-byte line also gets kAlu vector ALU operations (vpmaddubsw, vpmaddwd, vpaddd, vpxor on registers,
+// independent of the loaded bytes) and kBroadcasts 32-bit broadcasts from the activations (in L1): the
+// decode loop's instruction mix without its dependence on the weights.
+template <Fmt F, int kAlu = 0, int kBroadcasts = 0>
+void read_blocks(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t, int64_t b0, int64_t b1, float* c,
                  int64_t) {
   const int64_t bstride = block_data_bytes(kWeightFormat[F], w->kp);
   const uint8_t* d = packed_data(w);
   __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-  for (int64_t o = b0 * bstride; o < b1 * bstride; o += 64) {
+  __m256i r0 = s0, r1 = _mm256_set1_epi8(3), r2 = _mm256_set1_epi8(5), r3 = s0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t o = b0 * bstride, line = 0; o < b1 * bstride; o += 64, ++line) {
     s0 = _mm256_add_epi32(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + o)));
     s1 = _mm256_add_epi32(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + o + 32)));
+    for (int i = 0; i < kBroadcasts; ++i) r3 = _mm256_add_epi32(r3, broadcast32(a.q + ((line * 4 + i * 64) & 1023)));
+    for (int i = 0; i < kAlu / 4; ++i) {
+      r0 = _mm256_add_epi32(r0, _mm256_madd_epi16(_mm256_maddubs_epi16(r1, r2), ones));
+      r2 = _mm256_xor_si256(r2, r1);
+    }
   }
-  c[0] = float(hsum8_epi32(_mm256_add_epi32(s0, s1)));
+  c[0] = float(hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(r0, r3))));
 }
 
 struct Variant {
@@ -310,6 +320,7 @@ int main(int argc, char** argv) {
   const std::vector<Variant> all = {
       {"READ ONLY: int8 blocks", &read_blocks<kI8>, nullptr, kI8},
       {"READ ONLY: int4 blocks", &read_blocks<kI4>, nullptr, kI4},
+      {"READ + 12 ALU, 2 bcast: int8", &read_blocks<kI8, 12, 2>, nullptr, kI8},
       {"int8 (library)", &avx2::gemm_int8, nullptr, kI8},
       {"int8 no prefetch", &gemm_int8_ahead<0, T0>, nullptr, kI8},
       {"int8 L1 ahead 1K", &gemm_int8_ahead<1024, T0>, nullptr, kI8},

@@ -31,10 +31,12 @@
 // (common/huge_pages.h; 576-960 samples, quiet) prefetcht2 was 2-5 % faster than prefetcht1 in
 // three runs (1.787 / 1.906 against 1.852 / 1.951 ms) and 1 % in a fourth; level on 2 threads;
 // 16 KiB as 8 KiB.
-// What is left at one thread is overlap, not instructions: hot in L2 the loop runs 47-55 GB/s,
-// and dropping the xor and vpsignb (wrong values, 15 instead of 19 per k-quad) or making the
-// arithmetic independent of the loaded bytes gains 0-5 % cold; the weight stream alone reads
-// at the roof.
+// One thread reads at 68-80 % of the roof, and not for want of instructions: hot in L2 the
+// loop runs 47-55 GB/s, and the same weight stream with the same count of vector operations and
+// broadcasts per line, none of them fed by the loaded bytes, reads at 106-109 % (the
+// microbenchmark's "READ + 12 ALU" row). Dropping the xor and vpsignb (wrong values, 15 instead
+// of 19 per k-quad), a dot independent of the loads inside this tile structure, or an extra
+// prefetcht0 256 B-2 KiB ahead gain 0-5 % cold. Not found yet.
 // Tiles: MR = 4 rows x 1 block (8 int32 accumulators), blocks outer. The int32 sums
 // are exact, so the integers are identical to every other ISA; the epilogue
 // (gemm_int8_tile.h, shared with avx2_vnni) is the generic one (the same multiplies and
