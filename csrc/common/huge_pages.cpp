@@ -17,7 +17,7 @@ void* map_huge_pages(int64_t bytes) {
   if (reserve == MAP_FAILED) return nullptr;
   const uintptr_t base = reinterpret_cast<uintptr_t>(reserve), start = (base + huge - 1) & ~(huge - 1);
   if (start > base) ::munmap(reserve, start - base);
-  if (base + size + huge > start + size) ::munmap(reinterpret_cast<void*>(start + size), base + size + huge - start - size);
+  ::munmap(reinterpret_cast<void*>(start + size), base + huge - start);  // the tail: start - base < huge
   const uintptr_t whole = uintptr_t(bytes) & ~(huge - 1);
   if (whole > 0) ::madvise(reinterpret_cast<void*>(start), whole, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(start);

@@ -2,6 +2,8 @@
 // storage (unmapped by its deleter), or torch's allocator when mmap fails or the tensor is small.
 #include "ops/weight_bytes.h"
 
+#include <c10/util/accumulate.h>
+
 #include <memory>
 
 #include "common/huge_pages.h"
@@ -10,8 +12,7 @@ namespace ktmoe {
 
 at::Tensor empty_weight_bytes(at::IntArrayRef sizes) {
   const auto bytes_options = at::TensorOptions().dtype(at::kByte);
-  int64_t bytes = 1;
-  for (int64_t s : sizes) bytes *= s;
+  const int64_t bytes = c10::multiply_integers(sizes);
   const auto unmap = [bytes](void* q) { unmap_huge_pages(q, bytes); };
   if (bytes >= kHugePageBytes) {
     std::unique_ptr<void, decltype(unmap)> mapping(map_huge_pages(bytes), unmap);  // until the tensor owns it
