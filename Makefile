@@ -4,7 +4,7 @@ PYTHON ?= python3
 PIP    ?= $(PYTHON) -m pip
 STAMP  := build/.deps-stamp
 
-.PHONY: deps build demo test test-sglang bench bench-scale peers install clean
+.PHONY: deps build demo test test-latest test-sglang bench bench-scale peers install clean
 
 $(STAMP): requirements.txt
 	$(PIP) install -q -r requirements.txt
@@ -20,6 +20,21 @@ demo: build
 
 test: build
 	$(PYTHON) -m pytest -q tests --ignore=tests/integration
+
+# Canary, not part of `make test` or CI: the newest transformers release in its own venv
+# (requirements.txt, then transformers upgraded), the Hugging Face tests against the in-tree build
+# (same torch pin, so the same extension). A new release shows up here the day it appears, while
+# `make test` stays on the pinned version; a failure here says what to support before moving the pin.
+LATEST_VENV  := build/latest-venv
+LATEST_PY    := $(LATEST_VENV)/bin/python
+
+test-latest: build
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_PY) -m pip install -q -r requirements.txt
+	$(LATEST_PY) -m pip install -q --upgrade transformers
+	@$(LATEST_PY) -c "import transformers; print('canary: transformers', transformers.__version__)"
+	$(LATEST_PY) -m pytest -q -p no:cacheprovider tests/test_hf.py tests/test_hf_families.py \
+		tests/test_hf_gpt_oss.py tests/test_hf_dropin.py tests/test_docs_models.py
 
 # sglang drop-in: its own venv (sglang 0.5.23 + its torch 2.14.1, requirements-sglang.txt),
 # the project pip-installed there (built against that torch, objects in

@@ -87,6 +87,10 @@ OVERRIDES = {  # model_type -> what its tiny config needs besides TINY (keys it 
     "qwen3_omni_moe_talker_text": dict(shared_expert_intermediate_size=48),
     "zaya": dict(num_experts_per_tok=1),  # ZAYA allows top-1 only (plus its skip expert)
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=0),
+    "kolibri1_1": dict(index_num_heads=2),  # at most the query heads of one key head
+    # its own names for the sizes, rope over qk_rope_head_dim, one identity ("zero") expert: the router has E + 1 rows
+    "longcat_flash": dict(num_layers=2, ffn_hidden_size=64, expert_ffn_hidden_size=32, moe_topk=2, head_dim=8,
+                          q_lora_rank=16, zero_expert_num=1),
 }
 
 def tiny_config(model_type: str):

@@ -66,7 +66,7 @@ def test_every_experts_class_is_supported_or_refused_with_a_reason():
 
 
 FAMILIES = {  # model_type -> its experts class
-    "afmoe": "AfmoeExperts", "axk1": "AXK1Experts", "axk2": "AXK2Experts", "bailing_hybrid": "BailingHybridExperts",
+    "afmoe": "AfmoeExperts", "axk1": "AXK1Experts", "axk2": "AXK2Experts",
     "cohere2_moe": "Cohere2MoeExperts", "deepseek_ocr2_text": "DeepseekOcr2TextExperts",
     "deepseek_v2": "DeepseekV2Experts", "deepseek_v32": "DeepseekV32Experts", "dots1": "Dots1Experts",
     "dots3_note_text": "Dots3NoteExperts", "ernie4_5_moe": "Ernie4_5_MoeExperts",
@@ -76,8 +76,9 @@ FAMILIES = {  # model_type -> its experts class
     "granitemoe": "GraniteMoeExperts", "granitemoe_swa": "GraniteMoeSWAExperts",
     "granitemoehybrid": "GraniteMoeHybridExperts", "granitemoeshared": "GraniteMoeSharedExperts",
     "hunyuan_v1_moe": "HunYuanMoEV1Experts", "hy_v3": "HYV3Experts", "inkling_text": "InklingExperts",
-    "jamba": "JambaExperts", "kimi_linear": "KimiLinearExperts", "kolibri1": "Kolibri1Experts",
-    "laguna": "LagunaExperts", "lara_mini": "LaraMiniExperts", "lfm2_moe": "Lfm2MoeExperts", "mellum": "MellumExperts",
+    "jamba": "JambaExperts", "kimi_linear": "KimiLinearExperts", "kolibri1": "Kolibri1Experts", "kolibri1_1": "Kolibri1_1Experts",
+    "laguna": "LagunaExperts", "lara_mini": "LaraMiniExperts", "lfm2_moe": "Lfm2MoeExperts", "longcat_flash": "LongcatFlashExperts",
+    "mellum": "MellumExperts", "minicpm5_moe": "MiniCPM5MoeExperts",
     "mimo_v2_flash": "MiMoV2FlashExperts", "minimax": "MiniMaxExperts", "minimax_m2": "MiniMaxM2Experts",
     "mistral4": "Mistral4Experts", "mistral_large4_text": "MistralLarge4TextExperts", "phimoe": "PhimoeExperts",
     "qwen3_5_moe_text": "Qwen3_5MoeExperts", "qwen3_next": "Qwen3NextExperts",
@@ -99,6 +100,10 @@ TEXT_MODELS = {
 DENSE_BLOCKS = {"inkling_text": {"InklingSharedExperts"}}  # *Experts modules that stay dense (strict=False)
 # what the logits check passes besides the prompt: Ernie 4.5 VL sends the tokens marked as vision to its vision experts
 LOGITS_INPUTS = {"ernie4_5_vl_moe_text": dict(moe_mm_token_type_ids=torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0]]))}
+# logit bound (relative to the largest logit) of families whose own rounding is coarser than bf16's: Kolibri 1.1
+# rounds keys and values to NVFP4, so a bf16 rounding difference upstream moves a key across an FP4 step (its
+# unpatched bf16 model is 0.021 off its fp32 run; patched, 0.015, against a bound of 0.012 at 2e-2)
+LOGIT_BOUND = {"kolibri1_1": 4e-2}
 
 
 class TextLM(transformers.PreTrainedModel, transformers.GenerationMixin):
@@ -217,7 +222,7 @@ def test_family_generates_like_unpatched(model_type, dtype):
             module.register_forward_hook(lambda m, a, out, n=name: largest.update({n: out.abs().max().item()}))
     with torch.no_grad():
         out = run().float()
-    assert_close_logits(out, ref.float())
+    assert_close_logits(out, ref.float(), LOGIT_BOUND.get(model_type, 2e-2) if dtype != torch.float32 else 2e-2)
     assert largest.keys() == set(report.module_names) and min(largest.values()) > 0, largest
     assert_same_greedy_up_to_ties(model, ref_seq, ref_step_logits, (out - ref.float()).abs().max().item(), dtype)
 

@@ -72,13 +72,14 @@ __all__ = [
 SUPPORTED_EXPERTS_CLASSES = frozenset(
     {
         "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
-        "AfmoeExperts", "AXK1Experts", "AXK2Experts", "BailingHybridExperts", "Cohere2MoeExperts",
+        "AfmoeExperts", "AXK1Experts", "AXK2Experts", "Cohere2MoeExperts",
         "DeepseekOcr2TextExperts", "DeepseekV2Experts", "DeepseekV32Experts", "Dots1Experts", "Dots3NoteExperts",
         "Ernie4_5_MoeExperts", "Ernie4_5_VLMoeMoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "FlintExperts",
         "Glm4MoeExperts", "Glm4MoeLiteExperts", "Glm4vMoeTextExperts", "GlmMoeDsaExperts", "GraniteMoeExperts",
         "GraniteMoeHybridExperts", "GraniteMoeSharedExperts", "GraniteMoeSWAExperts", "HunYuanMoEV1Experts",
-        "HYV3Experts", "InklingExperts", "JambaExperts", "KimiLinearExperts", "Kolibri1Experts", "LagunaExperts",
-        "LaraMiniExperts", "Lfm2MoeExperts", "MellumExperts", "MiMoV2FlashExperts", "MiniMaxExperts", "MiniMaxM2Experts",
+        "HYV3Experts", "InklingExperts", "JambaExperts", "KimiLinearExperts", "Kolibri1Experts", "Kolibri1_1Experts",
+        "LagunaExperts", "LaraMiniExperts", "Lfm2MoeExperts", "LongcatFlashExperts", "MellumExperts", "MiMoV2FlashExperts",
+        "MiniCPM5MoeExperts", "MiniMaxExperts", "MiniMaxM2Experts",
         "Mistral4Experts", "MistralLarge4TextExperts", "PhimoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts",
         "Qwen3OmniMoeTalkerTextExperts", "Qwen3OmniMoeThinkerTextExperts", "Qwen3VLMoeTextExperts",
         "Qwen4ExpTextExperts", "SolarOpenExperts", "UnlimitedOcrTextExperts", "ZayaExperts",
