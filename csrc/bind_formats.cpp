@@ -9,6 +9,9 @@
 //   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine"), code_offset,
 //   codebook (list of ints),
 //   accuracy_bound.
+// gated_activations() -> [dict], one per row of kernels/gated_activation.h, in kind order:
+//   name, formula, params (names, in the op's order), defaults, models;
+// gated_activation_error(name, params) -> "" or the reason the op would refuse them.
 // Module attributes: packed_magic, packed_layout_version (the header's magic and
 // version), matrix_roles ({"plain": 0, "gate_up": 1, "down": 2}).
 // ops.WEIGHT_FORMATS, unpack.py and the tests' tolerance table read these.
@@ -17,8 +20,10 @@
 #include <pybind11/stl.h>
 
 #include <iterator>
+#include <string>
 #include <vector>
 
+#include "kernels/gated_activation.h"
 #include "ops/weight_format.h"
 
 namespace py = pybind11;
@@ -72,6 +77,28 @@ void bind_weight_formats(py::module& m) {
     for (int i = 0; i < ktmoe::weight_format_count(); ++i) rows.append(row_dict(ktmoe::weight_format_table()[i]));
     return rows;
   }, "the weight format traits table: one dict per format, in id order");
+  m.def("gated_activations", [] {
+    int count = 0;
+    const ktmoe::GatedActivationRow* rows = ktmoe::gated_activation_rows(&count);
+    py::list out;
+    for (int i = 0; i < count; ++i) {
+      const auto& r = rows[i];
+      py::dict d;
+      d["name"] = r.name;
+      d["formula"] = r.formula;
+      d["params"] = std::vector<std::string>(r.param_names, r.param_names + r.num_params);
+      d["defaults"] = std::vector<float>(r.defaults, r.defaults + r.num_params);
+      d["models"] = r.models;
+      out.append(d);
+    }
+    return out;
+  }, "the gated activation table: one dict per row (name, formula, params, defaults, models)");
+  m.def("gated_activation_error", [](const std::string& name, const std::vector<double>& params) -> std::string {
+    const ktmoe::GatedActivationRow* row = ktmoe::gated_activation_row(name);
+    if (row == nullptr) return "unknown gated activation \"" + name + "\"";
+    ktmoe::Activation act;
+    return ktmoe::make_activation(*row, params.data(), int(params.size()), &act);
+  }, "\"\" if the named activation takes these parameters (in its row's order; [] = defaults), else why not");
   m.attr("packed_magic") = ktmoe::kPackedMagic;
   m.attr("packed_layout_version") = ktmoe::kPackedVersion;
   py::dict roles;

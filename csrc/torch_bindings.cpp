@@ -8,11 +8,12 @@
 
 TORCH_LIBRARY(ktmoe, m) {
   // Fused MoE forward over packed experts (format read from the packed headers); optional
-  // expert biases and the gated activation ("silu", or gpt-oss's clamped "swiglu_oai"); prefetch: start
+  // expert biases and the gated activation (a row of kernels/gated_activation.h by name, its parameters in the
+  // row's order, empty: the defaults); prefetch: start
   // reading the routed experts' packed rows first (file-backed experts that may be cold).
   m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-        "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float swiglu_alpha=1.702, "
-        "float swiglu_limit=7.0, bool prefetch=False) -> Tensor");
+        "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float[] activation_params=[], "
+        "bool prefetch=False) -> Tensor");
   // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) in new memory
   // (from 2 MiB up on huge pages, ops/weight_bytes.h).
   m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");

@@ -88,15 +88,36 @@ OVERRIDES = {  # model_type -> what its tiny config needs besides TINY (keys it 
     "zaya": dict(num_experts_per_tok=1),  # ZAYA allows top-1 only (plus its skip expert)
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=0),
     "kolibri1_1": dict(index_num_heads=2),  # at most the query heads of one key head
+    # gated activations with limits / softcaps: small ones, so that the clamps and caps bite in a tiny model
+    # (its gate / up pre-activations are ~N(0, 1)); per-layer lists: layer 0 without a limit, layer 1 with one
+    "deepseek_v4": dict(swiglu_limit=1.0), "glm5_next_text": dict(swiglu_limit=1.0, num_key_value_heads=4, qk_rope_head_dim=0, head_dim=0,
+                                                                 q_lora_rank=16, index_topk=16, index_kpool=4,
+                                                                 index_head_dim=16, index_n_heads=2),
+    "hy_v4": dict(swiglu_limit=1.0),
+    "hy_v4_vl_text": dict(swiglu_limit=1.0, rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                                                                 mrope_section=[2, 1, 1])),
+    "minimax_m3_vl_text": dict(swiglu_limit=1.0, swiglu_alpha=1.702),
+    "bailing_hybrid": dict(swiglu_limits=[0.0, 1.0]),
+    "step3p7_text": dict(swiglu_limits=[0.0, 1.0], sliding_window=8),
+    "inkling2_text": dict(mlp_gate_softcap=1.5, mlp_up_softcap=2.0, unpadded_vocab_size=128),
+    "inkling2_loop_text": dict(mlp_gate_softcap=1.5, mlp_up_softcap=2.0, unpadded_vocab_size=128),
     # its own names for the sizes, rope over qk_rope_head_dim, one identity ("zero") expert: the router has E + 1 rows
     "longcat_flash": dict(num_layers=2, ffn_hidden_size=64, expert_ffn_hidden_size=32, moe_topk=2, head_dim=8,
                           q_lora_rank=16, zero_expert_num=1),
 }
 
+# families whose text config's model_type names another family's config ("step3p5"): (module, class) instead
+CONFIG_CLASSES = {"step3p7_text": ("transformers.models.step3p7.configuration_step3p7", "Step3p7TextConfig")}
+
+
 def tiny_config(model_type: str):
     from transformers import CONFIG_MAPPING
 
-    cls = CONFIG_MAPPING[model_type]
+    if model_type in CONFIG_CLASSES:
+        module, name = CONFIG_CLASSES[model_type]
+        cls = getattr(importlib.import_module(module), name)
+    else:
+        cls = CONFIG_MAPPING[model_type]
     fields = {f.name for f in dataclasses.fields(cls)}
     default = cls().to_dict()
     overrides = OVERRIDES.get(model_type, {})

@@ -1,5 +1,6 @@
-"""moe_forward with expert biases and gpt-oss's clamped SwiGLU ("swiglu_oai"): every format and ISA
-against the independent fp32 reference, the ISAs against the generic oracle, and clear errors."""
+"""moe_forward with expert biases and every gated activation row (gpt-oss's clamped SwiGLU, the clamped
+SiLUs, the softcapped SwiGLU): every format and ISA against the independent fp32 reference, the ISAs
+against the generic oracle, and clear errors."""
 import pytest
 import torch
 
@@ -9,6 +10,9 @@ from tests.helpers import QUANTIZED_REFERENCE_TOLERANCE, random_experts, random_
 
 FORMATS = ops.WEIGHT_FORMATS
 LIMIT = 7.0
+# each row of ops.GATED_ACTIVATIONS with parameters its clamps / caps bite at (problem() passes them often)
+ROWS = {"silu": {}, "silu_clamp": {"limit": LIMIT}, "silu_clamp_after": {"limit": LIMIT},
+        "swiglu_oai": {"limit": LIMIT}, "swiglu_softcap": {"gate_softcap": 3.0, "up_softcap": 5.0}}
 
 
 def problem(experts, top_k, hidden, inter, tokens, seed=0, bias_scale=4.0):
@@ -25,11 +29,15 @@ def problem(experts, top_k, hidden, inter, tokens, seed=0, bias_scale=4.0):
 def forward(fmt, x, ids, w, gate_up, down, b13, b2, activation="swiglu_oai"):
     w13, w2 = ops.pack_experts(gate_up, down, fmt)
     return ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation=activation,
-                           swiglu_limit=LIMIT), (w13, w2)
+                           activation_params=ops.activation_params(activation, ROWS[activation])), (w13, w2)
+
+
+def test_every_row_is_tested():
+    assert set(ROWS) == set(ops.ACTIVATIONS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
+@pytest.mark.parametrize("activation", sorted(ROWS))
 @pytest.mark.parametrize("shape", [(8, 2, 64, 32, 1), (6, 3, 100, 72, 7), (4, 4, 96, 48, 130)],
                          ids=lambda s: "E{}k{}H{}I{}T{}".format(*s))
 def test_matches_reference_of_the_formats_rounding(isa, fmt, activation, shape):
@@ -37,26 +45,31 @@ def test_matches_reference_of_the_formats_rounding(isa, fmt, activation, shape):
     out, _ = forward(fmt, x, ids, w, gate_up, down, b13, b2, activation)
     ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, fmt),
                                   reference.quantize_weights(down, fmt), reference.format_activations(fmt),
-                                  gate_up_bias=b13, down_bias=b2, activation=activation, swiglu_limit=LIMIT)
+                                  gate_up_bias=b13, down_bias=b2, activation=activation,
+                                  activation_params=ROWS[activation])
     assert reference.relative_error(out, ref) <= QUANTIZED_REFERENCE_TOLERANCE, f"{isa}/{fmt}/{activation}"
 
 
-def test_the_clamps_are_exercised_and_matter():
+@pytest.mark.parametrize("activation", sorted(set(ROWS) - {"silu"}))
+def test_the_clamps_and_caps_are_exercised_and_matter(activation):
     x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 16)
     pre = torch.einsum("th,eih->tei", x, gate_up) + b13  # every token through every expert
     assert (pre.abs() > LIMIT).float().mean() > 0.05
-    out, _ = forward("bf16", x, ids, w, gate_up, down, b13, b2)
-    loose = reference.moe_reference(x, ids, w, gate_up, down, "bf16", gate_up_bias=b13, down_bias=b2,
-                                    activation="swiglu_oai", swiglu_limit=1e6)  # no clamp at all
-    assert reference.relative_error(out, loose) > 0.05
+    out, _ = forward("bf16", x, ids, w, gate_up, down, b13, b2, activation)
+    loose = {k: 1e6 for k in ROWS[activation]}  # no clamp or cap at all
+    unbound = reference.moe_reference(x, ids, w, gate_up, down, "bf16", gate_up_bias=b13, down_bias=b2,
+                                      activation=activation, activation_params=loose)
+    assert reference.relative_error(out, unbound) > 0.05
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_isa_paths_agree_with_generic(isa, fmt):
+@pytest.mark.parametrize("activation", sorted(ROWS))
+def test_isa_paths_agree_with_generic(isa, fmt, activation):
     x, ids, w, gate_up, down, b13, b2 = problem(8, 3, 160, 96, 40)
-    out, (w13, w2) = forward(fmt, x, ids, w, gate_up, down, b13, b2)
+    out, (w13, w2) = forward(fmt, x, ids, w, gate_up, down, b13, b2, activation)
     with torch_ktmoe.isa_scope("generic"):
-        ref = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
+        ref = ops.moe_forward(x, ids, w, w13, w2, w13_bias=b13, w2_bias=b2, activation=activation,
+                              activation_params=ops.activation_params(activation, ROWS[activation]))
     assert reference.relative_error(out, ref) <= 2e-3
 
 
@@ -89,7 +102,7 @@ def test_opcheck_with_biases():
     x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 32, 3)
     w13, w2 = ops.pack_experts(gate_up, down, "int8")
     torch.library.opcheck(torch.ops.ktmoe.moe_forward.default,
-                          (x, ids, w, w13, w2, b13, b2, "swiglu_oai", 1.702, LIMIT),
+                          (x, ids, w, w13, w2, b13, b2, "swiglu_softcap", [3.0, 5.0]),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
@@ -97,9 +110,12 @@ def test_opcheck_with_biases():
     (dict(w13_bias=torch.zeros(8, 63)), r"w13_bias must be \[E, 2I\] = \[8, 64\]"),
     (dict(w2_bias=torch.zeros(7, 64)), r"w2_bias must be \[E, H\] = \[8, 64\]"),
     (dict(w2_bias=torch.zeros(8, 64, dtype=torch.int32)), "w2_bias must be a float tensor"),
-    (dict(activation="gelu"), 'activation must be "silu" or "swiglu_oai"'),
-    (dict(activation="swiglu_oai", swiglu_limit=0.0), "swiglu_limit > 0"),
-    (dict(activation="swiglu_oai", swiglu_alpha=float("nan")), "finite swiglu_alpha"),
+    (dict(activation="gelu"), "activation must be one of silu, silu_clamp, .*swiglu_softcap, got \"gelu\""),
+    (dict(activation="swiglu_oai", activation_params=[1.702, 0.0]), "swiglu_oai: limit must be a finite number > 0"),
+    (dict(activation="swiglu_oai", activation_params=[float("nan"), 7.0]), "swiglu_oai: alpha must be a finite number"),
+    (dict(activation="silu_clamp", activation_params=[float("inf")]), "silu_clamp: limit must be a finite"),
+    (dict(activation="swiglu_softcap", activation_params=[-1.0, 2.0]), "gate_softcap must be a finite number > 0"),
+    (dict(activation="silu_clamp", activation_params=[1.0, 2.0]), r"silu_clamp takes 1 parameter\(s\), got 2"),
 ])
 def test_bad_arguments_raise_clear_errors(kwargs, match):
     x, ids, w, gate_up, down, *_ = problem(8, 2, 64, 32, 3)
@@ -114,29 +130,35 @@ def test_ktmoe_layer_with_biases_and_swiglu_oai(parts):
     import pickle
 
     x, ids, w, gate_up, down, b13, b2 = problem(8, 2, 64, 48, 9)
-    layer = torch_ktmoe.KTMoE(8, 2, 64, 48, numa_parts=parts, activation="swiglu_oai", swiglu_limit=LIMIT)
+    layer = torch_ktmoe.KTMoE(8, 2, 64, 48, numa_parts=parts, activation="swiglu_oai",
+                              activation_params={"limit": LIMIT})
     layer.load_weights(gate_up, down, gate_up_bias=b13, down_bias=b2)
     x = x.bfloat16()
     ref = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "bf16"),
                                   reference.quantize_weights(down, "bf16"), "bf16", gate_up_bias=b13,
-                                  down_bias=b2, activation="swiglu_oai", swiglu_limit=LIMIT)
+                                  down_bias=b2, activation="swiglu_oai", activation_params={"limit": LIMIT})
     out = layer(x, ids, w)
     assert out.dtype == torch.bfloat16
     assert reference.relative_error(out, ref) <= 4e-3  # the bf16 output's own rounding: ~1e-3
     got13, got2 = layer.biases()
     assert torch.equal(got13, b13) and torch.equal(got2, b2)
     for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
-        assert twin.activation == "swiglu_oai" and torch.equal(twin(x, ids, w), out)
+        assert twin.activation == "swiglu_oai" and twin.activation_params == layer.activation_params
+        assert torch.equal(twin(x, ids, w), out)
     layer.set_biases(None, None)
     plain = reference.moe_reference(x, ids, w, reference.quantize_weights(gate_up, "bf16"),
                                     reference.quantize_weights(down, "bf16"), "bf16", activation="swiglu_oai",
-                                    swiglu_limit=LIMIT)
+                                    activation_params={"limit": LIMIT})
     assert reference.relative_error(layer(x, ids, w), plain) <= 4e-3
 
 
 def test_ktmoe_rejects_unknown_activation_and_bad_bias_shapes():
     with pytest.raises(ValueError, match="activation must be one of"):
         torch_ktmoe.KTMoE(8, 2, 64, 32, activation="gelu")
+    with pytest.raises(ValueError, match=r"'silu_clamp' takes \['limit'\], got \['alpha'\]"):
+        torch_ktmoe.KTMoE(8, 2, 64, 32, activation="silu_clamp", activation_params={"alpha": 1.0})
+    with pytest.raises(ValueError, match="silu_clamp_after: limit must be a finite number > 0"):
+        torch_ktmoe.KTMoE(8, 2, 64, 32, activation="silu_clamp_after", activation_params={"limit": 0})
     layer = torch_ktmoe.KTMoE(8, 2, 64, 32)
     with pytest.raises(ValueError, match=r"gate_up_bias must have shape \(8, 64\)"):
         layer.set_biases(torch.zeros(8, 32), None)

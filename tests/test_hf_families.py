@@ -66,25 +66,31 @@ def test_every_experts_class_is_supported_or_refused_with_a_reason():
 
 
 FAMILIES = {  # model_type -> its experts class
-    "afmoe": "AfmoeExperts", "axk1": "AXK1Experts", "axk2": "AXK2Experts",
+    "afmoe": "AfmoeExperts", "axk1": "AXK1Experts", "axk2": "AXK2Experts", "bailing_hybrid": "BailingHybridExperts",
+    "beam": "BeamExperts",
     "cohere2_moe": "Cohere2MoeExperts", "deepseek_ocr2_text": "DeepseekOcr2TextExperts",
-    "deepseek_v2": "DeepseekV2Experts", "deepseek_v32": "DeepseekV32Experts", "dots1": "Dots1Experts",
+    "deepseek_v2": "DeepseekV2Experts", "deepseek_v32": "DeepseekV32Experts", "deepseek_v4": "DeepseekV4Experts",
+    "dots1": "Dots1Experts",
     "dots3_note_text": "Dots3NoteExperts", "ernie4_5_moe": "Ernie4_5_MoeExperts",
     "ernie4_5_vl_moe_text": "Ernie4_5_VLMoeMoeExperts", "exaone_moe": "ExaoneMoeExperts",
     "flex_olmo": "FlexOlmoExperts", "flint": "FlintExperts", "glm4_moe": "Glm4MoeExperts",
     "glm4_moe_lite": "Glm4MoeLiteExperts", "glm4v_moe_text": "Glm4vMoeTextExperts", "glm_moe_dsa": "GlmMoeDsaExperts",
+    "glm5_next_text": "Glm5NextTextExperts",
     "granitemoe": "GraniteMoeExperts", "granitemoe_swa": "GraniteMoeSWAExperts",
     "granitemoehybrid": "GraniteMoeHybridExperts", "granitemoeshared": "GraniteMoeSharedExperts",
-    "hunyuan_v1_moe": "HunYuanMoEV1Experts", "hy_v3": "HYV3Experts", "inkling_text": "InklingExperts",
+    "hunyuan_v1_moe": "HunYuanMoEV1Experts", "hy_v3": "HYV3Experts", "hy_v4": "HYV4Experts",
+    "hy_v4_vl_text": "HYV4VLExperts", "inkling_text": "InklingExperts", "inkling2_text": "Inkling2Experts",
+    "inkling2_loop_text": "Inkling2LoopExperts",
     "jamba": "JambaExperts", "kimi_linear": "KimiLinearExperts", "kolibri1": "Kolibri1Experts", "kolibri1_1": "Kolibri1_1Experts",
     "laguna": "LagunaExperts", "lara_mini": "LaraMiniExperts", "lfm2_moe": "Lfm2MoeExperts", "longcat_flash": "LongcatFlashExperts",
     "mellum": "MellumExperts", "minicpm5_moe": "MiniCPM5MoeExperts",
     "mimo_v2_flash": "MiMoV2FlashExperts", "minimax": "MiniMaxExperts", "minimax_m2": "MiniMaxM2Experts",
+    "minimax_m3_vl_text": "MiniMaxM3VLExperts",
     "mistral4": "Mistral4Experts", "mistral_large4_text": "MistralLarge4TextExperts", "phimoe": "PhimoeExperts",
     "qwen3_5_moe_text": "Qwen3_5MoeExperts", "qwen3_next": "Qwen3NextExperts",
     "qwen3_omni_moe_talker_text": "Qwen3OmniMoeTalkerTextExperts",
     "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextExperts", "qwen3_vl_moe_text": "Qwen3VLMoeTextExperts",
-    "qwen4_exp_text": "Qwen4ExpTextExperts", "solar_open": "SolarOpenExperts",
+    "qwen4_exp_text": "Qwen4ExpTextExperts", "solar_open": "SolarOpenExperts", "step3p7_text": "Step3p7Experts",
     "unlimited_ocr_text": "UnlimitedOcrTextExperts", "zaya": "ZayaExperts",
 }
 
@@ -92,7 +98,8 @@ FAMILIES = {  # model_type -> its experts class
 # (multimodal families: the text model under a plain LM head, what their ForConditionalGeneration runs on text)
 TEXT_MODELS = {
     "deepseek_ocr2_text": "DeepseekOcr2TextModel", "ernie4_5_vl_moe_text": "Ernie4_5_VLMoeTextModel",
-    "glm4v_moe_text": "Glm4vMoeTextModel", "mistral4": "Mistral4ForCausalLM",
+    "glm4v_moe_text": "Glm4vMoeTextModel", "glm5_next_text": "Glm5NextTextModel", "hy_v4_vl_text": "HYV4VLTextModel",
+    "step3p7_text": "Step3p7TextModel", "mistral4": "Mistral4ForCausalLM",
     "mistral_large4_text": "MistralLarge4TextModel", "qwen3_omni_moe_talker_text": "Qwen3OmniMoeTalkerModel",
     "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextModel", "qwen3_vl_moe_text": "Qwen3VLMoeTextModel",
     "unlimited_ocr_text": "UnlimitedOcrTextModel",
@@ -144,7 +151,15 @@ def tiny_model(model_type: str, dtype=torch.float32) -> nn.Module:
         for _, experts in moe_blocks(model):
             experts.gate_up_proj.normal_(0, experts.gate_up_proj.shape[2] ** -0.5)
             experts.down_proj.normal_(0, experts.down_proj.shape[2] ** -0.5)
-    return model.to(dtype).eval()
+    model.to(dtype)
+    keep_fp32 = getattr(model, "_keep_in_fp32_modules_strict", None) or []  # what loading keeps fp32 (Inkling 2)
+    for name, param in model.named_parameters():
+        if any(pattern in name for pattern in keep_fp32):
+            param.data = param.data.float()
+    for name, buf in model.named_buffers():
+        if any(pattern in name for pattern in keep_fp32):
+            buf.data = buf.data.float()
+    return model.eval()
 
 
 def moe_blocks(model: nn.Module):
@@ -243,7 +258,12 @@ def assert_same_greedy_up_to_ties(model, ref_seq, ref_step_logits, logit_error: 
                                f"{margin:.3g} > {tie:.3g}: {seq.tolist()} vs {ref_seq.tolist()}")
 
 
-@pytest.mark.parametrize("model_type", sorted(set(FAMILIES) - set(TEXT_MODELS)))  # (hf.from_pretrained: Auto classes)
+# checkpoints in a layout the readers do not know yet: Inkling 2's save_pretrained writes its original names
+# (model.llm.layers.{L}.mlp.experts.w13_weight, gate/up interleaved); hf.from_pretrained names the keys it sought
+NOT_STREAMED = {"inkling2_text", "inkling2_loop_text"}
+
+
+@pytest.mark.parametrize("model_type", sorted(set(FAMILIES) - set(TEXT_MODELS) - NOT_STREAMED))  # (Auto classes)
 def test_family_streams_from_its_checkpoint(model_type, tmp_path):
     """hf.from_pretrained finds these families' expert keys (fused input_linear/output_linear, per-expert ...)."""
     model = tiny_model(model_type)

@@ -1,6 +1,6 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
 (its arenas: layer_arenas.py; the read-ahead decision: memory.py; copy and pickle: layer_copies.py)."""
-from typing import List, Optional, Union
+from typing import List, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -70,11 +70,12 @@ class KTMoE(nn.Module):
         cache_trust_others: accept cache files and directories owned by
             another user or writable by others (refused by default: the layer
             then packs into an unnamed file and keeps nothing).
-        activation: the gated activation between the projections: ``"silu"``
-            (``silu(gate) * up``, default) or ``"swiglu_oai"`` (gpt-oss:
-            ``g = clamp(gate, max=swiglu_limit)``,
-            ``g * sigmoid(swiglu_alpha * g) * (clamp(up, ±swiglu_limit) + 1)``).
-        swiglu_alpha, swiglu_limit: the constants of ``"swiglu_oai"``.
+        activation: the gated activation between the projections, a row of
+            ``ops.GATED_ACTIVATIONS``: ``"silu"`` (``silu(gate) * up``, default),
+            ``"silu_clamp"``, ``"silu_clamp_after"``, ``"swiglu_oai"`` (gpt-oss),
+            ``"swiglu_softcap"`` (docs/formats.md lists their formulas).
+        activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``);
+            the ones not given take the row's defaults.
         prefetch: before each forward, ask the kernel to read the routed experts'
             rows from their files (``MADV_WILLNEED``, asynchronous), so that the
             cold ones of a model bigger than RAM come from disk together instead
@@ -113,12 +114,11 @@ class KTMoE(nn.Module):
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: Optional[int] = None,
                  hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: Union[str, bool] = "auto"):
+                 activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto"):
         super().__init__()
         if not (isinstance(prefetch, bool) or prefetch == "auto"):
             raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
-        if activation not in ops.ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ops.ACTIVATIONS}, got {activation!r}")
+        params = ops.activation_params(activation, activation_params)  # ValueError naming what is wrong
         if warm not in WARM_MODES:
             raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
         if weight_format not in ops.WEIGHT_FORMATS:
@@ -136,7 +136,9 @@ class KTMoE(nn.Module):
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
         self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
         self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
-        self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
+        self.activation = activation
+        self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
+        self._activation_args = (activation, list(params))  # the op's (activation, activation_params)
         self.mmap_experts_dir = utf8_path(mmap_experts_dir, "mmap_experts_dir") if mmap_experts_dir is not None else None
         if cache is not None:
             _cache.check_policy(cache)
@@ -456,7 +458,7 @@ class KTMoE(nn.Module):
         x = hidden_states.reshape(-1, self.hidden_size)
         ids = topk_ids.reshape(x.shape[0], -1)
         weights = topk_weights.reshape(x.shape[0], -1)
-        act = (self.activation, self.swiglu_alpha, self.swiglu_limit, prefetch)
+        act = (*self._activation_args, prefetch)
         if self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
             out = torch.ops.ktmoe.moe_forward(x, ids, weights, w13, buffers["w2_0"], buffers["b13_0"],
                                               buffers["b2_0"], *act)
@@ -490,7 +492,7 @@ class KTMoE(nn.Module):
                     numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
                     warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None,
                     verify=self.verify, cache_trust_others=self.cache_trust_others,
-                    activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+                    activation=self.activation, activation_params=self.activation_params,
                     prefetch=self.prefetch_mode)
 
     # ---------------------------------------------------------------- reporting
@@ -513,8 +515,8 @@ class KTMoE(nn.Module):
             storage = f"file-backed in {self.mmap_experts_dir}"
         else:
             storage = f"file-backed in {self.mmap_experts_dir} (with anonymous fallback)"
-        act = "" if self.activation == "silu" else (
-            f"activation={self.activation}(alpha={self.swiglu_alpha:g}, limit={self.swiglu_limit:g}), ")
+        params = ", ".join(f"{k}={v:g}" for k, v in self.activation_params.items())
+        act = "" if self.activation == "silu" else f"activation={self.activation}({params}), "
         bias = ", biases" if any(b is not None for b in self.biases()) else ""
         return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, format={self.weight_format}, {act}"

@@ -8,21 +8,45 @@ The ops are inference-only. Each has an autograd formula that raises
 experts is never silently zero or missing (the forward itself runs fine on inputs
 that require grad, e.g. a model called outside ``torch.no_grad``).
 """
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from ._native import _C
 
 __all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "InferenceOnlyError",
-           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "ACTIVATION_DTYPES", "default_group_size"]
+           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "GATED_ACTIVATIONS", "ACTIVATION_DTYPES", "default_group_size",
+           "activation_params"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
 # each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
 FORMAT_TRAITS = {row["name"]: row for row in _C.weight_formats()}
 WEIGHT_FORMATS = tuple(FORMAT_TRAITS)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-ACTIVATIONS = ("silu", "swiglu_oai")  # the gated activation between the projections
+# The gated activations between the projections (csrc/kernels/gated_activation.h), by name: each a dict
+# (formula, params: their names in the op's order, defaults, models).
+GATED_ACTIVATIONS = {row["name"]: row for row in _C.gated_activations()}
+ACTIVATIONS = tuple(GATED_ACTIVATIONS)
+
+
+def activation_params(activation: str, params: Optional[Mapping[str, float]] = None) -> Tuple[float, ...]:
+    """The op's ``activation_params`` of ``activation`` from named values (the rest: the row's defaults).
+
+    Raises ValueError naming an unknown activation or parameter, or a value the kernels refuse
+    (not finite; a limit or softcap <= 0).
+    """
+    row = GATED_ACTIVATIONS.get(activation)
+    if row is None:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    params = dict(params or {})
+    unknown = params.keys() - set(row["params"])
+    if unknown:
+        raise ValueError(f"activation {activation!r} takes {row['params'] or 'no parameters'}, got {sorted(unknown)}")
+    values = tuple(float(params.get(name, default)) for name, default in zip(row["params"], row["defaults"]))
+    error = _C.gated_activation_error(activation, list(values))
+    if error:
+        raise ValueError(error)
+    return values
 
 
 def default_group_size(weight_format: str) -> int:
@@ -41,7 +65,7 @@ class InferenceOnlyError(RuntimeError):
 def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 w13: torch.Tensor, w2: torch.Tensor, *, w13_bias: Optional[torch.Tensor] = None,
                 w2_bias: Optional[torch.Tensor] = None, activation: str = "silu",
-                swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, prefetch: bool = False) -> torch.Tensor:
+                activation_params: Sequence[float] = (), prefetch: bool = False) -> torch.Tensor:
     """Fused MoE forward over packed experts.
 
     hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64 (< 0: skip),
@@ -50,14 +74,14 @@ def moe_forward(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weight
 
     ``out[t] = Σ_j w[t,j] · (down_e(act(gate_e x + bg_e, up_e x + bu_e)) + bd_e)``:
     ``w13_bias`` [E, 2I] holds bg (columns [0, I)) then bu, ``w2_bias`` [E, H] is bd
-    (both optional, read as fp32). ``activation``: ``"silu"`` (silu(gate) · up) or
-    ``"swiglu_oai"`` (gpt-oss: g = min(gate, limit), u = clamp(up, ±limit),
-    g · sigmoid(alpha · g) · (u + 1)). ``prefetch=True`` first starts the reads of
+    (both optional, read as fp32). ``activation``: a row of :data:`GATED_ACTIVATIONS` (``"silu"``:
+    silu(gate) · up), ``activation_params`` its parameters in the row's order (empty: its defaults;
+    :func:`activation_params` builds them from names). ``prefetch=True`` first starts the reads of
     the routed experts' packed rows (``MADV_WILLNEED``), for file-backed experts
     that may not be in RAM; the output is the same.
     """
     return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias, w2_bias,
-                                       activation, swiglu_alpha, swiglu_limit, prefetch)
+                                       activation, list(activation_params), prefetch)
 
 
 def _check_same_device(op: str, first: str, tensor: torch.Tensor, **others) -> None:
@@ -75,7 +99,7 @@ def _check_same_device(op: str, first: str, tensor: torch.Tensor, **others) -> N
 
 @torch.library.register_fake("ktmoe::moe_forward")
 def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=None, w2_bias=None,
-                      activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0, prefetch=False):
+                      activation="silu", activation_params=(), prefetch=False):
     _check_same_device("moe_forward", "hidden_states", hidden_states, topk_ids=topk_ids, topk_weights=topk_weights,
                        w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias)
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 
 def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", *, gate_up_bias=None,
-                  down_bias=None, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+                  down_bias=None, activation="silu", activation_params=None):
     """out[t] = Σ_j w[t,j] · (down_e(act(gate_e x_t + bg_e, up_e x_t + bu_e)) + bd_e), in fp32.
 
     x [T, H], topk_ids [T, k] (< 0 skipped), topk_weights [T, k],
@@ -21,7 +21,7 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", 
     function of a [rows, n] fp32 tensor (:func:`format_activations` of int8 with groups,
     another library's rounding).
     gate_up_bias [E, 2I] (gate then up) and down_bias [E, H] are optional;
-    activation: "silu" or "swiglu_oai" (see :func:`gated_activation`).
+    activation, activation_params: the gated activation (see :func:`gated_activation`).
     """
     round_act = activations if callable(activations) else \
         {"fp32": lambda a: a, "bf16": _bf16, "int8": quantize_rows_int8}[activations]
@@ -36,7 +36,7 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", 
         gu = round_act(x[tok]) @ gate_up[e].float().T
         if gate_up_bias is not None:
             gu = gu + gate_up_bias[e].float()
-        h = gated_activation(gu[:, :inter], gu[:, inter:], activation, swiglu_alpha, swiglu_limit)
+        h = gated_activation(gu[:, :inter], gu[:, inter:], activation, activation_params)
         y = round_act(h) @ down[e].float().T
         if down_bias is not None:
             y = y + down_bias[e].float()
@@ -44,14 +44,24 @@ def moe_reference(x, topk_ids, topk_weights, gate_up, down, activations="fp32", 
     return out
 
 
-def gated_activation(gate, up, activation="silu", alpha=1.702, limit=7.0):
-    """silu(gate) · up, or gpt-oss's "swiglu_oai": g = clamp(gate, max=limit),
-    g · sigmoid(alpha · g) · (clamp(up, -limit, limit) + 1)."""
+def gated_activation(gate, up, activation="silu", params=None):
+    """The rows of the gated activation table in torch fp32 ops, written from their formulas
+    (csrc/kernels/gated_activation.h), independently of the kernels. ``params`` by name; missing
+    ones take the defaults of the table (for the gpt-oss / swiglu rows too)."""
+    p = {"limit": 7.0, "alpha": 1.702, "gate_softcap": 30.0, "up_softcap": 30.0, **(params or {})}
+    gate, up = gate.float(), up.float()
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "silu_clamp":
+        return F.silu(gate.clamp(max=p["limit"])) * up.clamp(-p["limit"], p["limit"])
+    if activation == "silu_clamp_after":
+        return F.silu(gate).clamp(max=p["limit"]) * up.clamp(-p["limit"], p["limit"])
     if activation == "swiglu_oai":
-        g = gate.clamp(max=limit)
-        return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+        g = gate.clamp(max=p["limit"])
+        return g * torch.sigmoid(p["alpha"] * g) * (up.clamp(-p["limit"], p["limit"]) + 1)
+    if activation == "swiglu_softcap":
+        cg, cu = p["gate_softcap"], p["up_softcap"]
+        return torch.tanh(gate / cg) * cg * torch.sigmoid(gate) * torch.tanh(up / cu) * cu
     raise ValueError(f"unknown activation {activation!r}")
 
 

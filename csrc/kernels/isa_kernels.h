@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/gated_activation.h"
 #include "kernels/packed_format.h"
 
 namespace ktmoe {
@@ -46,12 +47,9 @@ struct IsaKernels {
   void (*gemm_fp8)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
                    int64_t b0, int64_t b1, float* c, int64_t ldc);
 
-  // h[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < n.
-  void (*silu_mul)(const float* gate, const float* up, float* h, int64_t n);
-  // gpt-oss's clamped SwiGLU: g = min(gate[i], limit), u = clamp(up[i], -limit, limit),
-  // h[i] = g / (1 + exp(-alpha * g)) * (u + 1), i < n; a NaN input gives NaN (as torch.clamp).
-  void (*swiglu_oai)(const float* gate, const float* up, float* h, int64_t n, float alpha,
-                     float limit);
+  // h[i] = act(gate[i], up[i]), i < n: the row act.kind of gated_activation.h with its parameters;
+  // a NaN input gives NaN (the clamps as torch.clamp).
+  void (*gated_act)(const Activation& act, const float* gate, const float* up, float* h, int64_t n);
 
   // Quantize M rows of x [M, ldx] (k valid columns) to int8, one scale per (row m, scale group
   // S of scale_group columns, S < kp / scale_group; scale_group = kp: one per row):
@@ -89,9 +87,7 @@ struct IsaKernels {
                  int64_t b1, float* c, int64_t ldc);                                              \
   void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,          \
                 int64_t b0, int64_t b1, float* c, int64_t ldc);                                   \
-  void silu_mul(const float* gate, const float* up, float* h, int64_t n);                         \
-  void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha,           \
-                  float limit);                                                                   \
+  void gated_act(const Activation& act, const float* gate, const float* up, float* h, int64_t n); \
   void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t kp, int64_t group, \
                      int64_t scale_group, int8_t* q, int64_t ldq, float* scale, int32_t* gsum,    \
                      int64_t gsum_ld);                                                            \

@@ -263,8 +263,7 @@ inline void add_bias(float* y, const float* bias, int64_t n) {
 
 // h[0..16) = act(gate tile, up tile): 16 gate columns g, then 16 up columns g + 16.
 inline void gated_activation(const IsaKernels& isa, const Activation& act, const float* g, float* h) {
-  if (act.kind == GateActivation::kSilu) isa.silu_mul(g, g + 16, h, 16);
-  else isa.swiglu_oai(g, g + 16, h, 16, act.alpha, act.limit);
+  isa.gated_act(act, g, g + 16, h, 16);
 }
 
 // ---------------------------------------------------------------- routing

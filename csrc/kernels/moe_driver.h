@@ -1,7 +1,7 @@
 // [NOTE] The MoE forward driver: routing, scratch and threading over a micro-kernel table.
 //
 // out[t] = Σ_j w[t,j] · (down_e(act(gate_e(x_t) + bg_e, up_e(x_t) + bu_e)) + bd_e),  e = ids[t,j];
-// act is silu(gate) ⊙ up, or gpt-oss's clamped SwiGLU; the biases (bg, bu: w13_bias,
+// act is a row of the gated activation table (gated_activation.h); the biases (bg, bu: w13_bias,
 // bd: w2_bias) are optional (absent = 0). ids < 0 are skipped; ids >= E must be
 // rejected by the caller (ops layer).
 //
@@ -27,16 +27,6 @@
 namespace ktmoe {
 
 
-// The gated activation between the gate/up and the down projections.
-enum class GateActivation : uint8_t {
-  kSilu = 0,       // h = silu(gate) ⊙ up
-  kSwigluOai = 1,  // gpt-oss: g = min(gate, limit), h = g·sigmoid(alpha g) ⊙ (clamp(up, ±limit) + 1)
-};
-struct Activation {
-  GateActivation kind = GateActivation::kSilu;
-  float alpha = 1.702f, limit = 7.f;  // kSwigluOai only
-};
-
 // The dtype of the activations x and of out (the model's dtype).
 enum class ActDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -54,7 +44,7 @@ struct MoeProblem {
   const uint8_t* w2;     // [E, w2_stride] packed kDown matrices, n = H, k = I
   int64_t w2_stride;
   void* out;             // [T, H] contiguous, same dtype as x
-  Activation act;
+  Activation act;                   // the gated activation (gated_activation.h)
   const float* w13_bias = nullptr;  // [E, 2I] or null: gate bias [0, I), then up bias [I, 2I)
   const float* w2_bias = nullptr;   // [E, H] or null: added to down's output before weighting
   int64_t threads = 1;              // threads of parallel_for (sizes the decode items only)

@@ -1,8 +1,9 @@
 // [NOTE] ktmoe::moe_forward: the ATen side of the fused MoE forward.
 //
 // out[t] = Σ_j topk_weights[t,j] · (down_e(act(gate_e x_t + bg_e, up_e x_t + bu_e)) + bd_e),
-// e = topk_ids[t,j]; ids < 0 are skipped, ids >= E are an error. act is "silu"
-// (silu(gate) ⊙ up) or "swiglu_oai" (gpt-oss's clamped SwiGLU); the biases
+// e = topk_ids[t,j]; ids < 0 are skipped, ids >= E are an error. act is the row of the
+// gated activation table (kernels/gated_activation.h) named by `activation`, with
+// `activation_params` in the row's order (empty: its defaults); the biases
 // w13_bias [E, 2I] (bg = [:, :I], bu = [:, I:]) and w2_bias [E, H] (bd) are
 // optional, any float dtype (read as fp32). The packed weights describe their
 // own format (packed_format.h headers), so the op takes no format argument.
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "arena/read_ahead.h"
+#include "kernels/gated_activation.h"
 #include "kernels/moe_driver.h"
 #include "kernels/packed_format.h"
 #include "ops/isa_dispatch.h"
@@ -34,17 +36,18 @@ namespace ktmoe {
 
 namespace {
 
-Activation parse_activation(c10::string_view name, double alpha, double limit) {
+Activation parse_activation(c10::string_view name, at::ArrayRef<double> params) {
+  const GatedActivationRow* row = gated_activation_row(std::string_view(name.data(), name.size()));
+  if (row == nullptr) {
+    int count = 0;
+    const GatedActivationRow* rows = gated_activation_rows(&count);
+    std::string names;
+    for (int i = 0; i < count; ++i) names += std::string(i ? ", " : "") + rows[i].name;
+    TORCH_CHECK(false, "ktmoe::moe_forward: activation must be one of ", names, ", got \"", std::string(name), "\"");
+  }
   Activation act;
-  if (name == "silu") return act;
-  TORCH_CHECK(name == "swiglu_oai", "ktmoe::moe_forward: activation must be \"silu\" or \"swiglu_oai\", got \"",
-              std::string(name), "\"");
-  TORCH_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0,
-              "ktmoe::moe_forward: swiglu_oai needs a finite swiglu_alpha and a finite swiglu_limit > 0, got ",
-              alpha, ", ", limit);
-  act.kind = GateActivation::kSwigluOai;
-  act.alpha = float(alpha);
-  act.limit = float(limit);
+  const std::string error = make_activation(*row, params.data(), int(params.size()), &act);
+  TORCH_CHECK(error.empty(), "ktmoe::moe_forward: ", error);
   return act;
 }
 
@@ -81,7 +84,7 @@ void read_ahead_routed(const int64_t* ids, int64_t n, const at::Tensor& w13, con
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
                        const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
-                       c10::string_view activation, double swiglu_alpha, double swiglu_limit, bool prefetch) {
+                       c10::string_view activation, at::ArrayRef<double> activation_params, bool prefetch) {
   // checks
   TORCH_CHECK(hidden_states.device().is_cpu(), "ktmoe::moe_forward: hidden_states must be on CPU");
   const at::ScalarType xt = hidden_states.scalar_type();
@@ -113,7 +116,7 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
               " but the packed experts were packed for H = ", h13.k);
   TORCH_CHECK(h2.n == hidden && h2.k == inter, "ktmoe::moe_forward: w2 is packed for [H, I] = [",
               h2.n, ", ", h2.k, "] but w13 implies [", hidden, ", ", inter, "]");
-  const Activation act = parse_activation(activation, swiglu_alpha, swiglu_limit);
+  const Activation act = parse_activation(activation, activation_params);
   const at::Tensor b13 = bias_as_f32(w13_bias, "w13_bias", experts, 2 * inter, "[E, 2I]");
   const at::Tensor b2 = bias_as_f32(w2_bias, "w2_bias", experts, hidden, "[E, H]");
   at::Tensor out = at::empty({tokens, hidden}, hidden_states.options());

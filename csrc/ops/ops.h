@@ -11,13 +11,14 @@ namespace ktmoe {
 // hidden_states [T, H] bf16|fp16|fp32, topk_ids [T, k] int32|int64, topk_weights [T, k]
 // fp32|bf16|fp16, w13 [E, B13] uint8 (packed gate_up), w2 [E, B2] uint8 (packed down),
 // w13_bias [E, 2I] (gate then up) / w2_bias [E, H] optional, float dtypes;
-// activation "silu" or "swiglu_oai" (gpt-oss, with swiglu_alpha / swiglu_limit);
+// activation a row of kernels/gated_activation.h by name, activation_params its parameters in
+// the row's order (empty: the row's defaults);
 // prefetch: read ahead the routed experts' rows first (MADV_WILLNEED)
 // -> [T, H], dtype of hidden_states.
 at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                        const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
                        const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
-                       c10::string_view activation, double swiglu_alpha, double swiglu_limit, bool prefetch);
+                       c10::string_view activation, at::ArrayRef<double> activation_params, bool prefetch);
 
 // What pack_experts will make of its inputs (after every argument check): E and
 // the packed headers of w13 (gate_up) and w2 (down); each output is [E, total_bytes].

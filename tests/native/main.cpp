@@ -76,8 +76,7 @@ int main(int argc, char** argv) {
       test_gemm(*isa.k, WeightFormat::kINT8, MatrixRole::kDown, 33, 200, g, rng);
       test_gemm(*isa.k, WeightFormat::kINT8, MatrixRole::kGateUp, 2 * 20, 300, g, rng);
     }
-    test_silu(*isa.k, rng);
-    test_swiglu_oai(*isa.k, rng);
+    test_gated_activations(*isa.k, rng);
     test_quantize(*isa.k, rng);
     test_to_bf16(*isa.k, rng);
     test_f16(*isa.k, rng);

@@ -1,4 +1,4 @@
-// silu_mul and swiglu_oai (against double, edge values, NaN) and quantize_rows (exact: q, scale, group sums, ties,
+// gated_act, every row (against double, edge values, NaN) and quantize_rows (exact: q, scale, group sums, ties,
 // zero and non-finite rows, nothing written past the ends).
 #include <algorithm>
 #include <cmath>
@@ -13,58 +13,69 @@ namespace ktmoe_test {
 
 using namespace ktmoe;
 
-void test_silu(const IsaKernels& isa, Rng& rng) {
-  std::vector<float> g = {0.f, -0.f, 1e-3f, -1e-3f, 1.f, -1.f, 10.f, -10.f, 20.f, -20.f, 88.f, -88.f,
-                          100.f, -100.f, 1e30f, -1e30f};
-  while (g.size() < 1037) g.push_back(float(rng.gauss() * 4));
-  std::vector<float> u(g.size());
-  for (auto& v : u) v = float(rng.gauss());
-  u[0] = 0.f;
-  double worst = 0;
-  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
-    std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
-    isa.silu_mul(g.data(), u.data(), h.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      const double ref = ref_silu(g[i]) * u[i];
-      const double tol = 1e-5 * std::fabs(ref) + 1e-30;
-      const double err = std::fabs(h[i] - ref);
-      worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
+// A row of gated_activation.h in double precision, written from its formula (NaN: the caller skips).
+double ref_gated(const Activation& a, double g, double u) {
+  const double p0 = a.p[0], p1 = a.p[1];
+  const auto clamp = [](double x, double lim) { return std::min(std::max(x, -lim), lim); };
+  switch (a.kind) {
+    case GateActivation::kSilu: return ref_silu(g) * u;
+    case GateActivation::kSiluClamp: return ref_silu(std::min(g, p0)) * clamp(u, p0);
+    case GateActivation::kSiluClampAfter: return std::min(ref_silu(g), p0) * clamp(u, p0);
+    case GateActivation::kSwigluOai: {
+      const double gc = std::min(g, p1);
+      return gc / (1 + std::exp(-p0 * gc)) * (clamp(u, p1) + 1);
     }
-    if (h[n] != -7.f) worst = 1e30;
+    case GateActivation::kSwigluSoftcap:
+      return p0 * std::tanh(g / p0) / (1 + std::exp(-g)) * p1 * std::tanh(u / p1);
   }
-  CHECK(worst <= 1.0, strf("silu_mul [%s] n={1,16,37,1037} incl. +-0, +-88, +-100, +-1e30: max err/tol %.3f (rel tol 1e-5)",
-                           isa.name, worst));
+  return 0;
 }
 
-// gpt-oss's clamped SwiGLU against a double-precision evaluation of its definition,
-// including values at and around the clamps, huge values and NaN (must stay NaN).
-void test_swiglu_oai(const IsaKernels& isa, Rng& rng) {
-  const float alpha = 1.702f, limit = 7.f, nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> g = {0.f, -0.f, 6.99f, 7.f, 7.01f, -7.01f, 50.f, -50.f, 100.f, -100.f, 1e30f, -1e30f, nan, 1.f};
-  std::vector<float> u = {0.f, 7.01f, -7.01f, 1e30f, -1e30f, -1.f, 6.99f, -6.99f, 3.f, -3.f, 0.5f, nan, 1.f, nan};
+// Every row of the gated activation table against ref_gated, including values at and around the
+// clamps and caps, +-0, +-88, +-100, +-1e30 and NaN (must stay NaN); nothing written past n. The
+// tolerance is relative to the size of the factors (an fp32 (u + 1) or a tanh rounds there).
+void test_gated_activations(const IsaKernels& isa, Rng& rng) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> g = {0.f, -0.f, 1e-3f, -1e-3f, 1.f, -1.f, 6.99f, 7.f, 7.01f, -7.01f, 10.f, -10.f, 20.f, -20.f,
+                          50.f, -50.f, 88.f, -88.f, 100.f, -100.f, 1e30f, -1e30f, nan, 1.f, 0.3f, -0.3f};
+  std::vector<float> u = {0.f, 7.01f, -7.01f, 1e30f, -1e30f, -1.f, 6.99f, -6.99f, 3.f, -3.f, 0.5f, nan, 1.f, nan,
+                          1e-3f, -0.2f};
   while (g.size() < 1037) g.push_back(float(rng.gauss() * 6));
   while (u.size() < g.size()) u.push_back(float(rng.gauss() * 6));
-  double worst = 0;
-  bool nan_kept = true;
-  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
-    std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
-    isa.swiglu_oai(g.data(), u.data(), h.data(), n, alpha, limit);
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::isnan(g[i]) || std::isnan(u[i])) {
-        nan_kept &= std::isnan(h[i]);
-        continue;
+  int count = 0;
+  const GatedActivationRow* rows = gated_activation_rows(&count);
+  for (int r = 0; r < count; ++r) {
+    Activation act;
+    const double softcaps[2] = {3.0, 5.0};
+    const bool softcap = rows[r].kind == GateActivation::kSwigluSoftcap;
+    CHECK(make_activation(rows[r], softcap ? softcaps : nullptr, softcap ? 2 : 0, &act).empty(), "activation row");
+    double worst = 0;
+    bool nan_kept = true;
+    for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(g.size())}) {
+      std::vector<float> h(static_cast<size_t>(n) + 1, -7.f);
+      isa.gated_act(act, g.data(), u.data(), h.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(g[i]) || std::isnan(u[i])) {
+          nan_kept &= std::isnan(h[i]);
+          continue;
+        }
+        const double ref = ref_gated(act, g[i], u[i]);
+        if (std::fabs(ref) > std::numeric_limits<float>::max()) {  // overflows fp32: an infinity of its sign
+          if (!(std::isinf(h[i]) && std::signbit(h[i]) == std::signbit(ref))) worst = 1e30;
+          continue;
+        }
+        // the factors' sizes (|act(g)| times |u|-side): a rounding in either factor is within tolerance
+        const double scale = std::fabs(ref_gated(act, g[i], 1.0)) * (std::fabs(double(u[i])) + 1.0);
+        const double tol = 1e-5 * (std::fabs(ref) + scale) + 1e-30;
+        const double err = std::fabs(h[i] - ref);
+        worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
       }
-      const double gc = std::min<double>(g[i], limit), uc = std::min<double>(std::max<double>(u[i], -limit), limit);
-      const double glu = gc / (1 + std::exp(-double(alpha) * gc)), ref = glu * (uc + 1);
-      const double tol = 1e-5 * (std::fabs(ref) + std::fabs(glu)) + 1e-30;  // (u + 1) rounds in fp32
-      const double err = std::fabs(h[i] - ref);
-      worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
+      if (h[n] != -7.f) worst = 1e30;
     }
-    if (h[n] != -7.f) worst = 1e30;
+    CHECK(worst <= 1.0 && nan_kept,
+          strf("gated_act %s [%s] n={1,16,37,1037} incl. the clamps, +-0, +-88, +-1e30: max err/tol %.3f (rel tol "
+               "1e-5), NaN %s", rows[r].name, isa.name, worst, nan_kept ? "kept" : "LOST"));
   }
-  CHECK(worst <= 1.0 && nan_kept,
-        strf("swiglu_oai [%s] n={1,16,37,1037} incl. the clamps, +-1e30: max err/tol %.3f (rel tol 1e-5), NaN %s",
-             isa.name, worst, nan_kept ? "kept" : "LOST"));
 }
 
 void test_quantize(const IsaKernels& isa, Rng& rng) {

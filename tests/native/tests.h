@@ -24,9 +24,8 @@ void test_gemm(const IsaKernels& isa, WeightFormat f, MatrixRole role, int64_t n
 void test_int8_isas_agree(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group,
                           Rng& rng);
 
-// test_activations.cpp: silu_mul, gpt-oss's clamped SwiGLU and quantize_rows.
-void test_silu(const IsaKernels& isa, Rng& rng);
-void test_swiglu_oai(const IsaKernels& isa, Rng& rng);
+// test_activations.cpp: every row of the gated activation table and quantize_rows.
+void test_gated_activations(const IsaKernels& isa, Rng& rng);
 void test_quantize(const IsaKernels& isa, Rng& rng);
 
 // test_conversions.cpp: to_bf16, f32_to_f16 and f16_to_f32.

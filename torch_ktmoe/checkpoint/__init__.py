@@ -14,7 +14,7 @@ package imports the core only.
 """
 from .compressed_tensors import CompressedTensorsExperts, read_pack_quantized
 from .dense import PER_EXPERT_LAYOUTS, FusedExperts, PerExpertTensors
-from .experts import READERS, find_experts
+from .experts import MOE_BLOCK_NAMES, READERS, find_experts
 from .fingerprint import checkpoint_fingerprint
 from .fp8 import Fp8Experts, dequantize_fp8, group_scales
 from .fused_layout import CONCATENATED, FusedLayout
@@ -29,6 +29,7 @@ from .safetensors_dir import SafetensorsCheckpoint
 __all__ = [
     "SafetensorsCheckpoint", "FusedLayout", "CONCATENATED", "PER_EXPERT_LAYOUTS", "FusedExperts", "PerExpertTensors",
     "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "Fp8Experts", "dequantize_fp8", "group_scales", "READERS",
+    "MOE_BLOCK_NAMES",
     "find_experts", "checkpoint_fingerprint", "make_ktmoe", "as_kernel_input", "load_experts", "reader_experts",
     "utf8_path", "Int4Linear", "Int4Experts", "CompressedTensorsExperts", "read_pack_quantized", "GptqExperts",
     "read_gptq", "INT4_QUANT_METHODS", "check_int4_config", "exact_format", "exact_group_size",

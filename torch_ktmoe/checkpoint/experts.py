@@ -24,6 +24,9 @@ from .safetensors_dir import SafetensorsCheckpoint
 
 READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, CompressedTensorsExperts, GptqExperts,
            PerExpertTensors)  # tried in this order at each prefix
+# What checkpoints call an MoE block whose module is ``mlp``: Mixtral's ``block_sparse_moe``, DeepSeek-V4's
+# original ``ffn`` (its save_pretrained writes ``layers.{L}.ffn.experts.{e}.w1.weight``).
+MOE_BLOCK_NAMES = ("mlp", "block_sparse_moe", "ffn")
 # Keys of int4 encodings, refused by name (instead of "no experts found") in a layout no reader knows.
 UNREAD_ENCODINGS = {"qweight": "GPTQ / AWQ int4 (qweight, qzeros, scales)",
                     "weight_packed": "compressed-tensors pack-quantized int4 (weight_packed, weight_scale)"}

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from ..unpack import unpack_experts
 from .experts_layout import SILU_CONCATENATED, ExpertsLayout, flags_layout, gpt_oss_layout
+from .gate_activations import GATE_ACTIVATION_CLASSES, gate_activation
 
 __all__ = [
     "KTMoEExperts",
@@ -72,17 +73,18 @@ __all__ = [
 SUPPORTED_EXPERTS_CLASSES = frozenset(
     {
         "MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts", "DeepseekV3Experts",
-        "AfmoeExperts", "AXK1Experts", "AXK2Experts", "Cohere2MoeExperts",
-        "DeepseekOcr2TextExperts", "DeepseekV2Experts", "DeepseekV32Experts", "Dots1Experts", "Dots3NoteExperts",
-        "Ernie4_5_MoeExperts", "Ernie4_5_VLMoeMoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts", "FlintExperts",
-        "Glm4MoeExperts", "Glm4MoeLiteExperts", "Glm4vMoeTextExperts", "GlmMoeDsaExperts", "GraniteMoeExperts",
-        "GraniteMoeHybridExperts", "GraniteMoeSharedExperts", "GraniteMoeSWAExperts", "HunYuanMoEV1Experts",
-        "HYV3Experts", "InklingExperts", "JambaExperts", "KimiLinearExperts", "Kolibri1Experts", "Kolibri1_1Experts",
-        "LagunaExperts", "LaraMiniExperts", "Lfm2MoeExperts", "LongcatFlashExperts", "MellumExperts", "MiMoV2FlashExperts",
-        "MiniCPM5MoeExperts", "MiniMaxExperts", "MiniMaxM2Experts",
+        "AfmoeExperts", "AXK1Experts", "AXK2Experts", "BailingHybridExperts", "BeamExperts", "Cohere2MoeExperts",
+        "DeepseekOcr2TextExperts", "DeepseekV2Experts", "DeepseekV32Experts", "DeepseekV4Experts", "Dots1Experts",
+        "Dots3NoteExperts", "Ernie4_5_MoeExperts", "Ernie4_5_VLMoeMoeExperts", "ExaoneMoeExperts", "FlexOlmoExperts",
+        "FlintExperts", "Glm4MoeExperts", "Glm4MoeLiteExperts", "Glm4vMoeTextExperts", "Glm5NextTextExperts",
+        "GlmMoeDsaExperts", "GraniteMoeExperts", "GraniteMoeHybridExperts", "GraniteMoeSharedExperts",
+        "GraniteMoeSWAExperts", "HunYuanMoEV1Experts", "HYV3Experts", "HYV4Experts", "HYV4VLExperts", "Inkling2Experts",
+        "Inkling2LoopExperts", "InklingExperts", "JambaExperts", "KimiLinearExperts", "Kolibri1_1Experts",
+        "Kolibri1Experts", "LagunaExperts", "LaraMiniExperts", "Lfm2MoeExperts", "LongcatFlashExperts", "MellumExperts",
+        "MiMoV2FlashExperts", "MiniCPM5MoeExperts", "MiniMaxExperts", "MiniMaxM2Experts", "MiniMaxM3VLExperts",
         "Mistral4Experts", "MistralLarge4TextExperts", "PhimoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts",
         "Qwen3OmniMoeTalkerTextExperts", "Qwen3OmniMoeThinkerTextExperts", "Qwen3VLMoeTextExperts",
-        "Qwen4ExpTextExperts", "SolarOpenExperts", "UnlimitedOcrTextExperts", "ZayaExperts",
+        "Qwen4ExpTextExperts", "SolarOpenExperts", "Step3p7Experts", "UnlimitedOcrTextExperts", "ZayaExperts",
         "GptOssExperts",  # transposed, interleaved, biased, clamped SwiGLU (experts_layout.py)
     }
 )
@@ -116,8 +118,15 @@ def _is_gpt_oss(cls) -> bool:
 
 
 def layout_of(module: nn.Module) -> ExpertsLayout:
-    """How ``module`` stores its dense experts and which activation it gates with."""
-    return gpt_oss_layout(module) if _is_gpt_oss(type(module)) else flags_layout(module)
+    """How ``module`` stores its dense experts and which activation it gates with (a class of
+    :data:`GATE_ACTIVATION_CLASSES` whose gate fails its probe: SiLU, and unsupported_reason says so)."""
+    if _is_gpt_oss(type(module)):
+        return gpt_oss_layout(module)
+    if type(module).__name__ in GATE_ACTIVATION_CLASSES:
+        found, _ = gate_activation(module)
+        if found is not None:
+            return flags_layout(module, *found)
+    return flags_layout(module)
 
 
 def experts_dims(module: nn.Module) -> tuple[int, int, int]:
@@ -182,11 +191,16 @@ def unsupported_reason(module: nn.Module) -> str | None:
             return f"{name}: swiglu alpha={alpha!r} / limit={limit!r} are not finite numbers with limit > 0"
     else:
         apply_gate = getattr(cls, "_apply_gate", None)  # the decorator installs _default_apply_gate
-        if apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
+        if name in GATE_ACTIVATION_CLASSES:  # its own gate, a row of the activation table: checked on a probe
+            _, reason = gate_activation(module)
+            if reason:
+                return reason
+        elif apply_gate is not None and getattr(apply_gate, "__name__", "") != "_default_apply_gate":
             return f"{name} overrides _apply_gate (its own gated activation, not SiLU(gate) * up)"
-        act = getattr(module, "act_fn", None)
-        if not _is_silu(act):
-            return f"{name}: activation {getattr(act, '__name__', type(act).__name__)} is not SiLU"
+        else:
+            act = getattr(module, "act_fn", None)
+            if not _is_silu(act):
+                return f"{name}: activation {getattr(act, '__name__', type(act).__name__)} is not SiLU"
     if name not in SUPPORTED_EXPERTS_CLASSES or not cls.__module__.startswith("transformers.models."):
         return (
             f"{cls.__module__}.{name} has KTMoE's layout but is not one of the experts classes validated "

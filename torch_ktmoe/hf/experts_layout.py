@@ -16,7 +16,8 @@ transformers 5.x experts classes describe their own storage with the flags of
 The first two are a :class:`torch_ktmoe.checkpoint.FusedLayout` (checkpoints store fused
 tensors the same way); :class:`ExpertsLayout` adds the biases and the activation.
 gpt-oss (``GptOssExperts``) is transposed, interleaved and biased, and its ``_apply_gate`` is a
-clamped SwiGLU (KTMoE's ``activation="swiglu_oai"`` with the module's ``alpha`` / ``limit``).
+clamped SwiGLU (KTMoE's ``activation="swiglu_oai"`` with the module's ``alpha`` / ``limit``); other
+classes' gates are rows of the same table (:mod:`.gate_activations`).
 :class:`ExpertsLayout` turns either layout into KTMoE's with views (packing reads strided
 tensors) and back (``state_dict`` / ``save_pretrained`` write the class's own layout).
 """
@@ -34,14 +35,13 @@ from ..checkpoint import FusedLayout
 class ExpertsLayout(FusedLayout):
     biases: bool = False  # gate_up_proj_bias [E, 2I], down_proj_bias [E, H]
     activation: str = "silu"  # KTMoE's activation=
-    swiglu_alpha: float = 1.702
-    swiglu_limit: float = 7.0
+    activation_params: tuple[tuple[str, float], ...] = ()  # KTMoE's activation_params=, as (name, value) pairs
 
     def ktmoe_kwargs(self) -> dict:
         """The KTMoE constructor arguments of this activation."""
         if self.activation == "silu":
             return {}
-        return dict(activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
+        return dict(activation=self.activation, activation_params=dict(self.activation_params))
 
     def shapes(self, E: int, H: int, I: int) -> dict[str, tuple[int, ...]]:
         """The dense parameters' shapes in this layout."""
@@ -63,11 +63,12 @@ SILU_CONCATENATED = ExpertsLayout()
 def gpt_oss_layout(module) -> ExpertsLayout:
     """gpt-oss: transposed, interleaved, biased, clamped SwiGLU with the module's constants."""
     return ExpertsLayout(transposed=True, interleaved=True, biases=True, activation="swiglu_oai",
-                         swiglu_alpha=float(module.alpha), swiglu_limit=float(module.limit))
+                         activation_params=(("alpha", float(module.alpha)), ("limit", float(module.limit))))
 
 
-def flags_layout(module) -> ExpertsLayout:
-    """The storage flags of a ``@use_experts_implementation`` module, SiLU activation."""
+def flags_layout(module, activation: str = "silu", params: dict | None = None) -> ExpertsLayout:
+    """The storage flags of a ``@use_experts_implementation`` module, with its gated activation."""
     return ExpertsLayout(transposed=bool(getattr(module, "is_transposed", False)),
                          interleaved=not getattr(module, "is_concatenated", True),
-                         biases=bool(getattr(module, "has_bias", False)))
+                         biases=bool(getattr(module, "has_bias", False)), activation=activation,
+                         activation_params=tuple((params or {}).items()))

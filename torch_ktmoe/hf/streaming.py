@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ..checkpoint import (INT4_QUANT_METHODS, SafetensorsCheckpoint, check_int4_config, checkpoint_fingerprint,
+from ..checkpoint import (INT4_QUANT_METHODS, MOE_BLOCK_NAMES, SafetensorsCheckpoint, check_int4_config, checkpoint_fingerprint,
                           exact_format, exact_group_size, find_experts, load_experts, reader_experts)
 from ..memory import release_free_heap
 from . import packed_dir
@@ -42,10 +42,10 @@ __all__ = ["from_pretrained"]
 
 def candidate_prefixes(name: str, base_model_prefix: str) -> list[str]:
     """Where a checkpoint may keep the experts of module ``name``: with and without the base model prefix,
-    and Mixtral's ``block_sparse_moe`` in place of ``mlp``."""
+    and each of the checkpoint names of an ``mlp`` block (``MOE_BLOCK_NAMES``: Mixtral, DeepSeek-V4)."""
     names = [name]
-    if ".mlp.experts" in name:  # Mixtral checkpoints: block_sparse_moe
-        names.append(name.replace(".mlp.experts", ".block_sparse_moe.experts"))
+    if ".mlp.experts" in name:
+        names += [name.replace(".mlp.experts", f".{block}.experts") for block in MOE_BLOCK_NAMES[1:]]
     out: list[str] = []
     for n in names:
         out.append(n)

@@ -1,7 +1,7 @@
 """Where one sglang MoE layer's experts are in a safetensors checkpoint (what ``--kt-weight-path`` names).
 
 Under ``model.layers.{L}`` (or a multimodal model's ``language_model`` variants), each of
-``mlp.experts`` and Mixtral's ``block_sparse_moe.experts`` is tried with the readers of
+``mlp.experts``, Mixtral's ``block_sparse_moe.experts`` and DeepSeek-V4's ``ffn.experts`` is tried with the readers of
 :mod:`torch_ktmoe.checkpoint` (fused ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I],
 per-expert ``{e}.{gate,up,down}_proj.weight`` or ``{e}.w1/w3/w2.weight``, gpt-oss MXFP4, FP8, compressed-tensors
 and GPTQ / AWQ int4). An int4 checkpoint's ``config.json`` quantization_config, when the directory has one,
@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 
-from ..checkpoint import INT4_QUANT_METHODS, Int4Experts, SafetensorsCheckpoint, check_int4_config, find_experts
+from ..checkpoint import INT4_QUANT_METHODS, MOE_BLOCK_NAMES, Int4Experts, SafetensorsCheckpoint, check_int4_config, find_experts
 
 LAYER_PREFIXES = ("model.layers.{L}", "model.language_model.layers.{L}", "language_model.model.layers.{L}")
-EXPERTS_NAMES = ("mlp.experts", "block_sparse_moe.experts")
+EXPERTS_NAMES = tuple(f"{block}.experts" for block in MOE_BLOCK_NAMES)
 
 
 def check_weight_path(path) -> None:

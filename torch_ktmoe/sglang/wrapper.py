@@ -33,6 +33,8 @@ import torch
 from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, exact_group_size,
                           load_experts, make_ktmoe, reader_experts, utf8_path)
 from ..layer import KTMoE
+from ..ops import GATED_ACTIVATIONS
+from ..ops import activation_params as activation_params_of
 from .checkpoint import check_weight_path, layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
@@ -94,7 +96,9 @@ class KTMoEWrapper:
     safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
     ``mmap_experts_dir`` keeps the packed experts in files there (default:
     ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
-    with a directory, the packed cache is reused across restarts). Threads come from ATen's pool
+    with a directory, the packed cache is reused across restarts); ``activation`` /
+    ``activation_params`` the experts' gated activation, a row of ``ops.GATED_ACTIVATIONS`` (default
+    ``"silu"``; sglang 0.5.23's KT path passes none). Threads come from ATen's pool
     (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
     ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
     any unknown keyword) are accepted and not used.
@@ -111,7 +115,7 @@ class KTMoEWrapper:
                  weight_path: Optional[str] = None, chunked_prefill_size: Optional[int] = None,
                  method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
                  cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
-                 **unused):
+                 activation: str = "silu", activation_params: Optional[dict] = None, **unused):
         if unused:
             log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
         if max_deferred_experts_per_token:
@@ -123,6 +127,10 @@ class KTMoEWrapper:
                              "(sglang routes every token to its top-k experts)")
         self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
         self.method, self.weight_format = method, weight_format_of(method)
+        # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: SiLU)
+        self.activation = activation
+        self.activation_params = dict(zip(GATED_ACTIVATIONS[activation]["params"],
+                                          activation_params_of(activation, activation_params)))
         self.gpu_mask = _gpu_mask(self.num_experts, num_gpu_experts, gpu_experts_mask)
         self.cpu_physical = torch.nonzero(~self.gpu_mask).reshape(-1)  # CPU slot j holds physical expert cpu_physical[j]
         self.num_cpu_experts = int(self.cpu_physical.numel())
@@ -168,7 +176,8 @@ class KTMoEWrapper:
         """The positional and keyword arguments of this layer's KTMoE (``group_size`` 0: the format's default)."""
         return ((self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size),
                 dict(mmap_experts_dir=self.mmap_experts_dir, weight_format=self.weight_format,
-                     layer_idx=self.layer_idx, **({"group_size": group_size} if group_size else {})))
+                     layer_idx=self.layer_idx, activation=self.activation, activation_params=self.activation_params,
+                     **({"group_size": group_size} if group_size else {})))
 
     def load_weights(self, physical_to_logical_map=None) -> None:
         """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.

@@ -1,9 +1,9 @@
 // [NOTE] The gated activations h = act(gate) ⊙ up, AVX2 + FMA, 8 lanes at a time.
 //
-// silu_mul:   h[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
-// swiglu_oai: g = min(gate[i], limit), u = clamp(up[i], -limit, limit) (vminps /
-//             vmaxps with the data as 2nd operand, so NaN stays NaN),
-//             h[i] = g / (1 + exp(-alpha g)) * (u + 1)  (gpt-oss).
+// gated_act: each row of gated_activation.h as the generic kernel writes it (silu(x) =
+// x / (1 + exp(-x))); clamps are vminps / vmaxps with the data as 2nd operand, so NaN
+// stays NaN. tanh (softcaps): Cephes' odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1)
+// above, sign copied back; ~2 ulp.
 // exp is the Cephes single-precision
 // scheme: n = round(x·log2 e), r = x − n·ln2 (ln2 split in two constants so the
 // reduction is exact enough), exp(r) by a degree-5 polynomial, then scaled by 2^n
@@ -39,18 +39,30 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(under, y);
 }
 
-inline __m256 silu_mul8(__m256 g, __m256 u) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 den = _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)));
-  return _mm256_mul_ps(_mm256_div_ps(g, den), u);
+inline __m256 silu8(__m256 g) {
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
 }
 
-inline __m256 swiglu_oai8(__m256 g, __m256 u, __m256 alpha, __m256 limit) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  g = _mm256_min_ps(limit, g);
-  u = _mm256_min_ps(limit, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), limit), u));
-  const __m256 den = _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), alpha), g)));
-  return _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_add_ps(u, one));
+inline __m256 clamp8(__m256 x, __m256 lim) {  // clamp(x, -lim, lim); NaN stays NaN
+  return _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), x));
+}
+
+// tanh(x): Cephes tanhf's odd polynomial for |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) above, x's sign copied back;
+// NaN takes the polynomial (the comparison is unordered-true), so it stays NaN.
+inline __m256 tanh8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.f), one = _mm256_set1_ps(1.f);
+  const __m256 ax = _mm256_andnot_ps(sign, x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+  const __m256 e = exp8(_mm256_add_ps(ax, ax));
+  const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
+  const __m256 signed_big = _mm256_or_ps(big, _mm256_and_ps(x, sign));
+  return _mm256_blendv_ps(signed_big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_NGE_UQ));
 }
 
 // h[i] = f(gate[i], up[i]) for i < n, 8 lanes at a time; the tail runs f on a zero-padded copy.
@@ -69,15 +81,33 @@ inline void gated_map(const float* gate, const float* up, float* h, int64_t n, c
 
 }  // namespace
 
-// gate, up, h: [n] fp32.
-void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
-  gated_map(gate, up, h, n, silu_mul8);
-}
-
-// gate, up, h: [n] fp32.
-void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
-  const __m256 a = _mm256_set1_ps(alpha), l = _mm256_set1_ps(limit);
-  gated_map(gate, up, h, n, [&](__m256 g, __m256 u) { return swiglu_oai8(g, u, a, l); });
+// gate, up, h: [n] fp32; act: a row of gated_activation.h.
+void gated_act(const Activation& act, const float* gate, const float* up, float* h, int64_t n) {
+  const __m256 p0 = _mm256_set1_ps(act.p[0]), p1 = _mm256_set1_ps(act.p[1]), one = _mm256_set1_ps(1.f);
+  switch (act.kind) {
+    case GateActivation::kSilu:
+      return gated_map(gate, up, h, n, [](__m256 g, __m256 u) { return _mm256_mul_ps(silu8(g), u); });
+    case GateActivation::kSiluClamp:  // p0 = limit
+      return gated_map(gate, up, h, n, [&](__m256 g, __m256 u) {
+        return _mm256_mul_ps(silu8(_mm256_min_ps(p0, g)), clamp8(u, p0));
+      });
+    case GateActivation::kSiluClampAfter:  // p0 = limit
+      return gated_map(gate, up, h, n, [&](__m256 g, __m256 u) {
+        return _mm256_mul_ps(_mm256_min_ps(p0, silu8(g)), clamp8(u, p0));
+      });
+    case GateActivation::kSwigluOai:  // p0 = alpha, p1 = limit
+      return gated_map(gate, up, h, n, [&](__m256 g, __m256 u) {
+        g = _mm256_min_ps(p1, g);
+        const __m256 den = _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), p0), g)));
+        return _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_add_ps(clamp8(u, p1), one));
+      });
+    case GateActivation::kSwigluSoftcap:  // p0 = gate_softcap, p1 = up_softcap
+      return gated_map(gate, up, h, n, [&](__m256 g, __m256 u) {
+        const __m256 capped = _mm256_mul_ps(p0, tanh8(_mm256_div_ps(g, p0)));
+        const __m256 a = _mm256_div_ps(capped, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        return _mm256_mul_ps(a, _mm256_mul_ps(p1, tanh8(_mm256_div_ps(u, p1))));
+      });
+  }
 }
 
 }  // namespace avx2

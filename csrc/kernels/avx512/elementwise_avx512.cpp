@@ -1,14 +1,14 @@
 // [NOTE] avx512 element-wise kernels of the MoE driver, 16 fp32 lanes at a time
 // with masked tails (no scalar loops, no reads past n / k):
-//   silu_mul:      h = gate / (1 + exp(-gate)) * up, the spec's expression with a
+//   gated_act:     each row of gated_activation.h as the generic kernel writes it, with a
 //                  vector exp (Cody-Waite reduction by ln2, degree-6 minimax
 //                  polynomial, 2^n applied with vscalefps so overflow gives +inf and
 //                  underflow 0 / denormals, never NaN): ~1-2 ulp, so h is within
 //                  ~1e-6 relative of the libm expression; gate = -inf or NaN gives NaN
-//                  as the expression does.
-//   swiglu_oai:    gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit) (vminps /
-//                  vmaxps with the data as 2nd operand: NaN stays NaN), then
-//                  h = g / (1 + exp(-alpha g)) * (u + 1) with the same exp.
+//                  as the expression does. Clamps are vminps / vmaxps with the data as
+//                  2nd operand (NaN stays NaN). tanh (softcaps): Cephes' odd polynomial
+//                  below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) above, sign copied back;
+//                  ~2 ulp.
 //   quantize_rows: per (row, scale group; the whole row when scale_group = kp):
 //                  scale = max|x| / 127 (1 for an all-zero group or one whose scale
 //                  underflows to 0), q = round half away from zero of (x / scale),
@@ -68,29 +68,72 @@ inline __m512 round_half_away(__m512 v) {
 
 }  // namespace
 
-// h[i] = silu(gate[i]) * up[i], i < n.
-void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
+namespace {
+
+// tanh(x): Cephes tanhf's odd polynomial for |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) above (+1 once exp
+// overflows), x's sign copied back; NaN takes the polynomial (unordered compare), so it stays NaN.
+inline __m512 tanh_ps(__m512 x) {
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  const __m512 ax = _mm512_andnot_ps(sign, x);
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.06390887954e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-5.37397155531e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.33314422036e-1f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.33332819422e-1f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
+  const __m512 e = exp_ps(_mm512_add_ps(ax, ax));
   const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
+  const __m512 signed_big = _mm512_or_ps(big, _mm512_and_ps(x, sign));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_NGE_UQ), signed_big, small);
+}
+
+inline __m512 silu_ps(__m512 g) {
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
+inline __m512 clamp_ps(__m512 x, __m512 lim) {  // clamp(x, -lim, lim); NaN stays NaN
+  return _mm512_min_ps(lim, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), x));
+}
+
+// h[i] = f(gate[i], up[i]) for i < n, 16 lanes at a time, masked tail.
+template <class F>
+inline void gated_map(const float* gate, const float* up, float* h, int64_t n, const F& f) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 mk = first_lanes(n - i);
-    const __m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
-    const __m512 u = _mm512_maskz_loadu_ps(mk, up + i);
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(h + i, mk, _mm512_mul_ps(s, u));
+    _mm512_mask_storeu_ps(h + i, mk, f(_mm512_maskz_loadu_ps(mk, gate + i), _mm512_maskz_loadu_ps(mk, up + i)));
   }
 }
 
-// h[i] = g / (1 + exp(-alpha g)) * (u + 1), g = min(gate[i], limit), u = clamp(up[i], ±limit).
-void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
-  const __m512 one = _mm512_set1_ps(1.f), lim = _mm512_set1_ps(limit), neg_lim = _mm512_set1_ps(-limit);
-  const __m512 neg_alpha = _mm512_set1_ps(-alpha);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mk = first_lanes(n - i);
-    const __m512 g = _mm512_min_ps(lim, _mm512_maskz_loadu_ps(mk, gate + i));
-    const __m512 u = _mm512_min_ps(lim, _mm512_max_ps(neg_lim, _mm512_maskz_loadu_ps(mk, up + i)));
-    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_mul_ps(neg_alpha, g))));
-    _mm512_mask_storeu_ps(h + i, mk, _mm512_mul_ps(s, _mm512_add_ps(u, one)));
+}  // namespace
+
+// gate, up, h: [n] fp32; act: a row of gated_activation.h.
+void gated_act(const Activation& act, const float* gate, const float* up, float* h, int64_t n) {
+  const __m512 p0 = _mm512_set1_ps(act.p[0]), p1 = _mm512_set1_ps(act.p[1]), one = _mm512_set1_ps(1.f);
+  switch (act.kind) {
+    case GateActivation::kSilu:
+      return gated_map(gate, up, h, n, [](__m512 g, __m512 u) { return _mm512_mul_ps(silu_ps(g), u); });
+    case GateActivation::kSiluClamp:  // p0 = limit
+      return gated_map(gate, up, h, n, [&](__m512 g, __m512 u) {
+        return _mm512_mul_ps(silu_ps(_mm512_min_ps(p0, g)), clamp_ps(u, p0));
+      });
+    case GateActivation::kSiluClampAfter:  // p0 = limit
+      return gated_map(gate, up, h, n, [&](__m512 g, __m512 u) {
+        return _mm512_mul_ps(_mm512_min_ps(p0, silu_ps(g)), clamp_ps(u, p0));
+      });
+    case GateActivation::kSwigluOai:  // p0 = alpha, p1 = limit
+      return gated_map(gate, up, h, n, [&](__m512 g, __m512 u) {
+        g = _mm512_min_ps(p1, g);
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), p0), g))));
+        return _mm512_mul_ps(s, _mm512_add_ps(clamp_ps(u, p1), one));
+      });
+    case GateActivation::kSwigluSoftcap:  // p0 = gate_softcap, p1 = up_softcap
+      return gated_map(gate, up, h, n, [&](__m512 g, __m512 u) {
+        const __m512 capped = _mm512_mul_ps(p0, tanh_ps(_mm512_div_ps(g, p0)));
+        const __m512 a = _mm512_div_ps(capped, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        return _mm512_mul_ps(a, _mm512_mul_ps(p1, tanh_ps(_mm512_div_ps(u, p1))));
+      });
   }
 }
 

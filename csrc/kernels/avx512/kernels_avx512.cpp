@@ -6,7 +6,7 @@
 //   gemm_fp8_avx512.cpp    e4m3 decoded to bf16 in registers, vdpbf16ps tiles (kFP8)
 //   gemm_int4_affine_avx512.cpp  nibbles decoded to bf16 the same way (kINT4A); both run
 //                          the tile loops of gemm_decoded_avx512.h
-//   elementwise_avx512.cpp silu_mul, swiglu_oai, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
+//   elementwise_avx512.cpp gated_act, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
 #include "kernels/isa_kernels.h"
 
@@ -17,7 +17,7 @@ KTMOE_DECLARE_ISA_ENTRY_POINTS();
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels table{"avx512",          avx512::gemm_bf16, avx512::gemm_int8,
-                                avx512::gemm_int4, avx512::gemm_fp8, avx512::silu_mul,  avx512::swiglu_oai, avx512::quantize_rows,
+                                avx512::gemm_int4, avx512::gemm_fp8, avx512::gated_act, avx512::quantize_rows,
                                 avx512::to_bf16,   avx512::f16_to_f32, avx512::f32_to_f16, avx512::gemm_int4_affine};
   return table;
 }

@@ -1,8 +1,7 @@
 // [NOTE] Generic element-wise kernels (portable C++17, the oracle):
-//   silu_mul       h = silu(gate) * up = gate / (1 + exp(-gate)) * up, fp32.
-//   swiglu_oai     gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
-//                  h = g / (1 + exp(-alpha g)) * (u + 1) (= g·sigmoid(alpha g)·(u + 1));
-//                  the comparisons are written so that NaN stays NaN, as torch.clamp.
+//   gated_act      h = act(gate, up), fp32, each row of gated_activation.h written as its
+//                  formula with libm's exp and tanh (silu(x) = x / (1 + exp(-x))); the
+//                  comparisons of the clamps are written so that NaN stays NaN, as torch.clamp.
 //   quantize_rows  per (row, scale group of columns; one per row when scale_group = kp):
 //                  scale = max|x| / 127 (1 if the group is all zero), q =
 //                  round-half-away-from-zero(x / scale) in [-127, 127], zero padding
@@ -25,17 +24,41 @@
 namespace ktmoe {
 namespace generic {
 
-// gate, up, h: [n] fp32.
-void silu_mul(const float* gate, const float* up, float* h, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+namespace {
+
+inline float min_keep_nan(float x, float hi) { return x > hi ? hi : x; }
+inline float clamp_keep_nan(float x, float lim) { return x > lim ? lim : x < -lim ? -lim : x; }
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+// h[i] = f(gate[i], up[i]), i < n.
+template <class F>
+void gated_map(const float* gate, const float* up, float* h, int64_t n, const F& f) {
+  for (int64_t i = 0; i < n; ++i) h[i] = f(gate[i], up[i]);
 }
 
+}  // namespace
+
 // gate, up, h: [n] fp32.
-void swiglu_oai(const float* gate, const float* up, float* h, int64_t n, float alpha, float limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i] > limit ? limit : gate[i];
-    const float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
-    h[i] = g / (1.f + std::exp(-alpha * g)) * (u + 1.f);
+void gated_act(const Activation& act, const float* gate, const float* up, float* h, int64_t n) {
+  const float p0 = act.p[0], p1 = act.p[1];
+  switch (act.kind) {
+    case GateActivation::kSilu:
+      return gated_map(gate, up, h, n, [](float g, float u) { return silu(g) * u; });
+    case GateActivation::kSiluClamp:  // p0 = limit
+      return gated_map(gate, up, h, n,
+                       [=](float g, float u) { return silu(min_keep_nan(g, p0)) * clamp_keep_nan(u, p0); });
+    case GateActivation::kSiluClampAfter:  // p0 = limit
+      return gated_map(gate, up, h, n,
+                       [=](float g, float u) { return min_keep_nan(silu(g), p0) * clamp_keep_nan(u, p0); });
+    case GateActivation::kSwigluOai:  // p0 = alpha, p1 = limit
+      return gated_map(gate, up, h, n, [=](float g, float u) {
+        g = min_keep_nan(g, p1);
+        return g / (1.f + std::exp(-p0 * g)) * (clamp_keep_nan(u, p1) + 1.f);
+      });
+    case GateActivation::kSwigluSoftcap:  // p0 = gate_softcap, p1 = up_softcap
+      return gated_map(gate, up, h, n, [=](float g, float u) {
+        return p0 * std::tanh(g / p0) / (1.f + std::exp(-g)) * (p1 * std::tanh(u / p1));
+      });
   }
 }
 

@@ -10,7 +10,7 @@ namespace ktmoe {
 const IsaKernels& generic_kernels() {
   static const IsaKernels table{
       "generic",          generic::gemm_bf16, generic::gemm_int8,     generic::gemm_int4,
-      generic::gemm_fp8,  generic::silu_mul,  generic::swiglu_oai, generic::quantize_rows, generic::to_bf16,
+      generic::gemm_fp8,  generic::gated_act, generic::quantize_rows, generic::to_bf16,
       generic::f16_to_f32, generic::f32_to_f16, generic::gemm_int4_affine,
   };
   return table;
