@@ -9,6 +9,11 @@
 // int8 tile step (64 k), so the tiles would need int4's half steps (an 8-row B tile per 32 k)
 // and an epilogue per group through the C buffer: not worth writing before AMX speed is
 // measured at all.
+// kINT4 runs avx512's kernel too, whatever m: on a 16-core Sapphire Rapids-class Xeon (2026-12-04,
+// benchmarks/measured/device_amx_2026-12-04.log) the tiles took 63 / 153 ms at T = 256 / 512 on the
+// reference layer against avx512's 9.1 / 15.9 ms: a group is one 32-k step, and every step ends in the
+// scalar per-group epilogue over the C tiles, which costs far more than the tile dots. The tile code
+// stays (gemm_int_tiles<TileFormat::kINT4>, tested on the emulator) for a vectorized epilogue.
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
@@ -29,11 +34,10 @@ void gemm_int8(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
   gemm_int_tiles<NativeTileOps>(TileFormat::kINT8, w, a, m, b0, b1, c, ldc);
 }
 
-// w: kINT4 matrix (group = w->group); a: M int8 rows with kp / group sums per row.
+// w: kINT4 matrix (group = w->group); a: M int8 rows with kp / group sums per row. avx512's (see the note).
 void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, int64_t b0,
                int64_t b1, float* c, int64_t ldc) {
-  if (m < prefill_min_rows()) return avx512::gemm_int4(w, a, m, b0, b1, c, ldc);
-  gemm_int_tiles<NativeTileOps>(TileFormat::kINT4, w, a, m, b0, b1, c, ldc);
+  avx512::gemm_int4(w, a, m, b0, b1, c, ldc);
 }
 
 }  // namespace amx
