@@ -106,11 +106,18 @@ def _with_o_proj(src, dst, **tensors):
     return dst
 
 
+def _with_nan_code(q):
+    q = q.clone()
+    q.view(torch.uint8)[3, 5] = 0x7F  # e4m3fn's NaN
+    return q
+
+
 @pytest.mark.parametrize("case, match", [
     pytest.param("missing scale", rf"{O_PROJ}\.weight: FP8 \(F8_E4M3\) weight without its scale", id="missing"),
     pytest.param("NaN scale", rf"{O_PROJ}\.weight_scale_inv: non-finite scale \(nan\)", id="nan"),
     pytest.param("integer scale", rf"{O_PROJ}\.weight_scale_inv: dtype I32, expected a float scale", id="int"),
     pytest.param("e5m2 weight", rf"{O_PROJ}\.weight: dtype F8_E5M2 .* expected FP8 as e4m3", id="e5m2"),
+    pytest.param("NaN code", rf"{O_PROJ}\.weight: non-finite weights once dequantized", id="nan-code"),
 ])
 def test_fp8_non_expert_weight_is_checked_like_an_expert(fp8_qwen3, tmp_path, case, match):
     """An FP8 o_proj without a usable scale, or in e5m2, is refused by name, as an expert's would be (it
@@ -124,6 +131,7 @@ def test_fp8_non_expert_weight_is_checked_like_an_expert(fp8_qwen3, tmp_path, ca
         "NaN scale": {"weight_scale_inv": torch.full_like(scale, float("nan"))},
         "integer scale": {"weight_scale_inv": torch.ones(scale.shape, dtype=torch.int32)},
         "e5m2 weight": {"weight": weight.float().to(torch.float8_e5m2)},
+        "NaN code": {"weight": _with_nan_code(weight)},
     }[case]
     path = _with_o_proj(fp8_qwen3, tmp_path / "ckpt", **changed)
     with pytest.raises(ValueError, match=match):

@@ -85,9 +85,10 @@ def read_fp8_scales(ckpt, scale_key: str, n: int, k: int, group: int) -> torch.T
     [n, ceil(k/group)]; ValueError naming it for a shape that fits no block or a non-finite value."""
     block = scale_block(ckpt.shape(scale_key), n, k, scale_key)
     scale = ckpt.get(scale_key)
-    if not torch.isfinite(scale).all():
-        raise ValueError(f"{scale_key}: non-finite scale ({scale.flatten()[~torch.isfinite(scale.flatten())][0]}) "
-                         f"in {ckpt.path}; every weight of its block would be NaN or infinite")
+    bad = scale[~torch.isfinite(scale)]
+    if bad.numel():
+        raise ValueError(f"{scale_key}: non-finite scale ({bad[0].item()}) in {ckpt.path}; every weight of its "
+                         "block would be NaN or infinite")
     return group_scales(scale, n, k, group, block)
 
 
