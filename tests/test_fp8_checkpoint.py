@@ -76,6 +76,68 @@ def test_from_pretrained_fp8_into_bf16_on_request(fp8_model):
     assert torch.equal(greedy(model), ref_seq)
 
 
+O_PROJ = "model.layers.0.self_attn.o_proj"
+
+
+@pytest.fixture(scope="module")
+def fp8_qwen3(tmp_path_factory):
+    """A tiny Qwen3-MoE FP8 checkpoint (block scales on every linear, o_proj included)."""
+    from transformers import AutoModelForCausalLM
+
+    tmp = tmp_path_factory.mktemp("fp8_dense")
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), dtype=torch.float32).save_pretrained(tmp / "src")
+    return fp8_checkpoint(tmp / "src", tmp / "fp8")
+
+
+def _with_o_proj(src, dst, **tensors):
+    """A copy of the FP8 checkpoint ``src`` with o_proj's ``weight`` / ``weight_scale_inv`` replaced (None: removed)."""
+    os.makedirs(dst)
+    for name in os.listdir(src):
+        if name != "model.safetensors":
+            with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+                g.write(f.read())
+    t = load_file(os.path.join(src, "model.safetensors"))
+    for suffix, value in tensors.items():
+        t.pop(f"{O_PROJ}.{suffix}")
+        if value is not None:
+            t[f"{O_PROJ}.{suffix}"] = value
+    save_file(t, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _with_nan_code(q):
+    q = q.clone()
+    q.view(torch.uint8)[3, 5] = 0x7F  # e4m3fn's NaN
+    return q
+
+
+@pytest.mark.parametrize("case, match", [
+    pytest.param("missing scale", rf"{O_PROJ}\.weight: FP8 \(F8_E4M3\) weight without its scale", id="missing"),
+    pytest.param("NaN scale", rf"{O_PROJ}\.weight_scale_inv: non-finite scale \(nan\)", id="nan"),
+    pytest.param("integer scale", rf"{O_PROJ}\.weight_scale_inv: dtype I32, expected a float scale", id="int"),
+    pytest.param("e5m2 weight", rf"{O_PROJ}\.weight: dtype F8_E5M2 .* expected FP8 as e4m3", id="e5m2"),
+    pytest.param("NaN code", rf"{O_PROJ}\.weight: non-finite weights once dequantized", id="nan-code"),
+])
+def test_fp8_non_expert_weight_is_checked_like_an_expert(fp8_qwen3, tmp_path, case, match):
+    """An FP8 o_proj without a usable scale, or in e5m2, is refused by name, as an expert's would be (it
+    loaded as raw e4m3 codes, or NaN, before)."""
+    import torch_ktmoe.hf as kthf
+
+    t = load_file(os.path.join(fp8_qwen3, "model.safetensors"))
+    weight, scale = t[f"{O_PROJ}.weight"], t[f"{O_PROJ}.weight_scale_inv"]
+    changed = {
+        "missing scale": {"weight_scale_inv": None},
+        "NaN scale": {"weight_scale_inv": torch.full_like(scale, float("nan"))},
+        "integer scale": {"weight_scale_inv": torch.ones(scale.shape, dtype=torch.int32)},
+        "e5m2 weight": {"weight": weight.float().to(torch.float8_e5m2)},
+        "NaN code": {"weight": _with_nan_code(weight)},
+    }[case]
+    path = _with_o_proj(fp8_qwen3, tmp_path / "ckpt", **changed)
+    with pytest.raises(ValueError, match=match):
+        kthf.from_pretrained(path, dtype=torch.float32, progress=False)
+
+
 E, H, I, L = 6, 256, 160, 2
 PREFIX = f"model.layers.{L}.mlp.experts"
 

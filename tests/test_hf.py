@@ -243,6 +243,21 @@ def test_experts_implementation_ktmoe(saved):
     assert dense_expert_bytes(loaded) == 0, "the natural path must end with the dense experts freed"
 
 
+@pytest.mark.parametrize("other", ["eager", "batched_mm", "grouped_mm"])
+def test_experts_implementation_switch_back_without_keep_dense_is_a_clear_error(other):
+    """keep_dense=False released the dense experts: another implementation says keep_dense=True is needed (it
+    was transformers' IndexError on the empty parameters); "ktmoe" keeps working."""
+    model = make_model("mixtral")
+    model.set_experts_implementation("ktmoe")
+    packed = logits(model)
+    model.set_experts_implementation(other)
+    with pytest.raises(RuntimeError, match=rf"experts_implementation='{other}' needs the dense experts, .*"
+                                           r"\(keep_dense=False\).* keep_dense=True"):
+        logits(model)
+    model.set_experts_implementation("ktmoe")
+    assert torch.equal(logits(model), packed)
+
+
 def test_experts_implementation_options_from_environment(saved, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 

@@ -156,6 +156,17 @@ def test_save_pretrained_bf16_reloads_exactly(tmp_path):
     assert torch.equal(logits(reloaded), logits(model))
 
 
+def test_save_pretrained_fp32_warns_the_experts_are_bf16_rounded(tmp_path):
+    """An fp32 model's experts were rounded to bf16 when packed: save_pretrained writes those values, and says so."""
+    model = make_model("qwen3_moe")
+    dense = model.model.layers[0].mlp.experts.gate_up_proj.detach().clone()
+    hf.patch_model(model)
+    with pytest.warns(UserWarning, match=r"bf16 experts as torch.float32 weights: .* rounded to bf16 when packed"):
+        model.save_pretrained(tmp_path / "out")
+        written = model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(written, dense.bfloat16().float()) and not torch.equal(written, dense)
+
+
 @pytest.mark.parametrize("fmt", [f for f, row in torch_ktmoe.ops.FORMAT_TRAITS.items() if row["codes"] != "bf16"])
 def test_save_pretrained_quantized_writes_dequantized_with_warning(fmt, tmp_path):
     from transformers import AutoModelForCausalLM

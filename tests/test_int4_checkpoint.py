@@ -135,6 +135,17 @@ def test_weight_shape_that_disagrees_is_refused(tmp_path):
     _refuses(tmp_path, t, rf"{PREFIX}\.1\.up_proj\.weight_shape: \[{I}, {H + 32}\] .* \(weight_shape disagrees\)")
 
 
+def test_weight_shape_of_the_wrong_shape_is_refused_from_the_header(tmp_path):
+    """A weight_shape that is not two values is refused by its header's shape, in a short message (it was read
+    whole and printed: a 128 MiB tensor gave a 50 MB message)."""
+    t, _ = int4_experts_tensors("ct")
+    key = f"{PREFIX}.1.up_proj.weight_shape"
+    t[key] = torch.full((100_000,), 7)
+    with pytest.raises(ValueError, match=rf"{key}: shape \[100000\] .* expected \[2\]") as err:
+        _read(_write(tmp_path, t))
+    assert len(str(err.value)) < 500
+
+
 @pytest.mark.parametrize("kind, suffix, bad, match", [
     ("ct", "weight_scale", torch.ones(H, 4, dtype=torch.bfloat16), r"4 groups over k=160 inputs fit no group size"),
     ("ct", "weight_scale", torch.ones(7, 5, dtype=torch.bfloat16), r"shape \[7, 5\] .* expected \[256, groups\]"),

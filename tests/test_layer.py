@@ -135,6 +135,20 @@ def test_errors():
         KTMoE(E, K, H, I, numa_parts=0)
 
 
+@pytest.mark.parametrize("fmt, first, later", [
+    ("bf16", torch.bfloat16, torch.int8),  # int8 codes among bf16 experts
+    ("fp8", torch.float8_e4m3fn, torch.float32),  # fp32 among e4m3 experts with scales
+])
+def test_load_expert_refuses_a_dtype_other_than_the_layers(fmt, first, later):
+    """A later expert of another dtype is refused by name, never cast to expert 0's and packed."""
+    layer = KTMoE(E, K, H, I, weight_format=fmt)
+    scales = {"gate_up_scale": torch.ones(2 * I, 1), "down_scale": torch.ones(H, 1)} if fmt == "fp8" else {}
+    gate_up, down = random_experts(E, H, I)
+    layer.load_expert(0, gate_up[0].to(first), down[0].to(first), **scales)
+    with pytest.raises(ValueError, match=rf"expert 1's gate_up is {later}, the experts before it {first}"):
+        layer.load_expert(1, gate_up[1].to(later), down[1].to(later), **scales)
+
+
 def test_deepcopy_shares_the_arenas_until_the_copy_reloads(tmp_path):
     import copy
 

@@ -157,6 +157,17 @@ def test_ktlinear_state_dict_is_nn_linear_s():
     assert torch.equal(other.w_packed, layer.w_packed) and torch.equal(other.bias, layer.bias)
 
 
+def test_ktlinear_load_state_dict_checks_the_shape():
+    """A weight of another shape is refused like nn.Linear's, even when it packs to the same bytes ([41, 70]
+    and [40, 72] both pad to the same packed size), and the layer keeps its weight."""
+    layer = KTLinear.from_linear(nn.Linear(72, 40, bias=False))
+    before = layer.w_packed.clone()
+    assert ops.pack_linear(torch.randn(41, 70)).numel() == before.numel()
+    with pytest.raises(RuntimeError, match=r"size mismatch for weight: .* \(41, 70\) .* is \(40, 72\)"):
+        layer.load_state_dict({"weight": torch.randn(41, 70)})
+    assert torch.equal(layer.w_packed, before)
+
+
 def test_ktlinear_compiles_fullgraph():
     torch._dynamo.reset()
     layer = KTLinear.from_linear(nn.Linear(96, 40))

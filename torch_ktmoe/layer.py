@@ -246,6 +246,7 @@ class KTMoE(nn.Module):
         if set(given) != set(self._pending) - {"have"}:
             raise ValueError(f"KTMoE(layer {self.layer_idx}): expert {expert} comes with {sorted(given)}, the "
                              f"experts before it with {sorted(set(self._pending) - {'have'})}")
+        self._check_pending_dtypes(expert, given)
         for k, t in given.items():
             self._pending[k][expert].copy_(t)
         self._pending["have"].add(expert)
@@ -254,6 +255,14 @@ class KTMoE(nn.Module):
             self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint,
                               **{k: pending.get(k) for k in ("gate_up_scale", "down_scale", "gate_up_zero",
                                                              "down_zero")})
+
+    def _check_pending_dtypes(self, expert: int, given: dict) -> None:
+        """ValueError unless each of ``expert``'s tensors has the dtype of the experts before it: a layer is one
+        dtype, as :meth:`load_weights` takes it (a cast would pack int8 codes, or fp32 values as e4m3, as weights)."""
+        for k, t in given.items():
+            if t.dtype != self._pending[k].dtype:
+                raise ValueError(f"KTMoE(layer {self.layer_idx}): expert {expert}'s {k} is {t.dtype}, the experts "
+                                 f"before it {self._pending[k].dtype}; a layer's experts must share one dtype")
 
     def try_load_cached(self, fingerprint: str) -> bool:
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.

@@ -73,5 +73,12 @@ def _dense_weight_state_dict(module: KTLinear, state_dict, prefix, local_metadat
 def _pack_loaded_weight(module: KTLinear, state_dict, prefix, local_metadata, strict, missing_keys,
                         unexpected_keys, error_msgs):
     weight = state_dict.pop(prefix + "weight", None)
-    if weight is not None:
-        state_dict[prefix + "w_packed"] = ops.pack_linear(weight)
+    if weight is None:
+        return
+    want = (module.out_features, module.in_features)
+    if tuple(weight.shape) != want:  # a packed [41, 70] can have the bytes of [40, 72]: check the shape itself
+        error_msgs.append(f"size mismatch for {prefix}weight: copying a param with shape {tuple(weight.shape)} from "
+                          f"checkpoint, the shape in current model is {want} (KTLinear: [out_features, in_features])")
+        state_dict[prefix + "w_packed"] = module.w_packed  # the layer keeps its weight
+        return
+    state_dict[prefix + "w_packed"] = ops.pack_linear(weight)

@@ -16,6 +16,7 @@ Per linear module ``M`` (the package's ``PackedQuantizationCompressor``):
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -26,6 +27,15 @@ from .int4_linear import (Int4Experts, Int4Linear, cdiv, expect_int32, expect_sc
 ENCODING = "compressed-tensors pack-quantized int4"
 
 
+def _logical_shape(ckpt, shape_key: str) -> list[int]:
+    """``weight_shape``'s two values; its shape is checked in the header first, so a huge tensor is never read
+    (nor printed)."""
+    shape = ckpt.shape(shape_key)
+    if math.prod(shape) != 2:
+        raise ValueError(f"{shape_key}: shape {shape} in {ckpt.path}, expected [2] (the weight's logical [n, k])")
+    return [int(v) for v in ckpt.get(shape_key).reshape(-1).tolist()]
+
+
 def read_pack_quantized(ckpt, module: str, n: int, k: int) -> Int4Linear:
     """``module``'s ``weight_packed`` / ``weight_scale`` / ``weight_shape`` (/ ``weight_zero_point`` /
     ``weight_g_idx``) as codes, scales and zeros; ValueError naming the tensor for a wrong dtype or shape."""
@@ -33,7 +43,7 @@ def read_pack_quantized(ckpt, module: str, n: int, k: int) -> Int4Linear:
     for key in (scale_key, shape_key):
         if key not in ckpt:
             raise ValueError(f"{packed_key}: {ENCODING} weight without {key} in {ckpt.path}")
-    logical = [int(v) for v in ckpt.get(shape_key).reshape(-1).tolist()]
+    logical = _logical_shape(ckpt, shape_key)
     if logical != [n, k]:
         raise ValueError(f"{shape_key}: {logical} in {ckpt.path}, but the model's {module} is [{n}, {k}] "
                          "(weight_shape disagrees)")

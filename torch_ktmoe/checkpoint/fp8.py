@@ -61,6 +61,37 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Te
     return q.float() * scale.repeat_interleave(group, -1)[:, : q.shape[-1]]
 
 
+def fp8_scale_key(ckpt, key: str, mixed: str = "") -> str:
+    """The scale tensor of the FP8 weight ``key``, after checking both: ValueError naming the tensor unless
+    ``key`` is e4m3 (``mixed``: why another dtype is wrong here, e.g. the rest of its block is FP8) and its
+    ``weight_scale_inv`` / ``weight_scale`` exists with a float dtype."""
+    dtype = ckpt.dtype(key)
+    if dtype != FP8_DTYPE:
+        raise ValueError(f"{key}: dtype {dtype} in {ckpt.path}, "
+                         f"{mixed or f'expected FP8 as e4m3 ({FP8_DTYPE}) with its scale, the only FP8 read'}")
+    base = key[: -len("weight")]
+    scale_key = next((base + s for s in SCALE_SUFFIXES if base + s in ckpt), None)
+    if scale_key is None:
+        raise ValueError(f"{key}: FP8 ({FP8_DTYPE}) weight without its scale (looked for "
+                         f"{[base + s for s in SCALE_SUFFIXES]}) in {ckpt.path}; without it the "
+                         "weights would be off by the scale's factor")
+    if ckpt.dtype(scale_key) not in ("F32", "BF16", "F16"):
+        raise ValueError(f"{scale_key}: dtype {ckpt.dtype(scale_key)}, expected a float scale")
+    return scale_key
+
+
+def read_fp8_scales(ckpt, scale_key: str, n: int, k: int, group: int) -> torch.Tensor:
+    """The checked scale ``scale_key`` of an FP8 weight [n, k] as fp32 scales per (row, k-group),
+    [n, ceil(k/group)]; ValueError naming it for a shape that fits no block or a non-finite value."""
+    block = scale_block(ckpt.shape(scale_key), n, k, scale_key)
+    scale = ckpt.get(scale_key)
+    bad = scale[~torch.isfinite(scale)]
+    if bad.numel():
+        raise ValueError(f"{scale_key}: non-finite scale ({bad[0].item()}) in {ckpt.path}; every weight of its "
+                         "block would be NaN or infinite")
+    return group_scales(scale, n, k, group, block)
+
+
 class Fp8Experts:
     """Per-expert e4m3 weights with their scales (see the module docstring), under the suffixes of
     :data:`~torch_ktmoe.checkpoint.dense.PER_EXPERT_LAYOUTS`. Every expert's tensors are checked
@@ -83,34 +114,27 @@ class Fp8Experts:
         H, I = hidden_size, intermediate_size
         self.ckpt, self.prefix, self.suffixes = ckpt, prefix, suffixes
         self.shapes = ((I, H), (I, H), (H, I))
-        self.blocks = [self._scale_key_and_block(f"{prefix}.0.{s}", shape)[1]
-                       for s, shape in zip(suffixes, self.shapes)]
+        self.blocks = [self._block(f"{prefix}.0.{s}", shape) for s, shape in zip(suffixes, self.shapes)]
 
-    def _scale_key_and_block(self, key: str, shape) -> tuple[str, Optional[int]]:
-        """``key``'s scale tensor and its block, after checking the weight and the scale."""
+    def _scale_key(self, key: str, shape) -> str:
+        """``key``'s scale tensor, after checking the weight (present, shape, e4m3) and the scale's dtype."""
         if key not in self.ckpt:
             raise KeyError(f"{key} is missing in {self.ckpt.path}")
         self.ckpt.expect_shape(key, shape)
-        if self.ckpt.dtype(key) != FP8_DTYPE:
-            raise ValueError(f"{key}: dtype {self.ckpt.dtype(key)} in {self.ckpt.path}, but the other experts of "
-                             f"this block are FP8 ({FP8_DTYPE}); a block must be one format")
-        base = key[: -len("weight")]
-        scale_key = next((base + s for s in SCALE_SUFFIXES if base + s in self.ckpt), None)
-        if scale_key is None:
-            raise ValueError(f"{key}: FP8 ({FP8_DTYPE}) weight without its scale (looked for "
-                             f"{[base + s for s in SCALE_SUFFIXES]}) in {self.ckpt.path}; without it the "
-                             "weights would be off by the scale's factor")
-        if self.ckpt.dtype(scale_key) not in ("F32", "BF16", "F16"):
-            raise ValueError(f"{scale_key}: dtype {self.ckpt.dtype(scale_key)}, expected a float scale")
-        return scale_key, scale_block(self.ckpt.shape(scale_key), *shape, scale_key)
+        return fp8_scale_key(self.ckpt, key, f"but the other experts of this block are FP8 ({FP8_DTYPE}); a block "
+                                             "must be one format")
+
+    def _block(self, key: str, shape) -> Optional[int]:
+        scale_key = self._scale_key(key, shape)
+        return scale_block(self.ckpt.shape(scale_key), *shape, scale_key)
 
     def _read(self, e: int, group: int):
         """Expert e: [(q [n, k] e4m3, scale [n, ceil(k/group)] fp32)] for gate, up, down."""
         out = []
         for s, shape in zip(self.suffixes, self.shapes):
             key = f"{self.prefix}.{e}.{s}"
-            scale_key, block = self._scale_key_and_block(key, shape)
-            out.append((self.ckpt.get(key), group_scales(self.ckpt.get(scale_key), *shape, group, block)))
+            scale_key = self._scale_key(key, shape)
+            out.append((self.ckpt.get(key), read_fp8_scales(self.ckpt, scale_key, *shape, group)))
         return out
 
     def fp8_experts(self, ids: Iterable[int], group: int = BLOCK) -> Iterator[tuple[torch.Tensor, ...]]:

@@ -30,7 +30,8 @@ Two ways in:
   so the model can switch back, at the cost of both copies).
 
 Either way ``state_dict()`` (so ``save_pretrained``) unpacks the experts again under the
-replaced module's keys: bf16 exactly, int8 / int4 dequantized with a warning.
+replaced module's keys: bf16 exactly, int8 / int4 dequantized with a warning, fp32 / fp16 experts as
+their bf16-rounded values with a warning.
 
 gpt-oss (``GptOssExperts``) stores its experts transposed, with gate/up interleaved and
 with biases, and gates with a clamped SwiGLU: :mod:`.experts_layout` maps that layout to
@@ -279,17 +280,30 @@ class KTMoEExperts(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+def _lossy_unpack(fmt: str, dtype: torch.dtype | None) -> str | None:
+    """What unpacked experts of format ``fmt``, written as ``dtype``, are instead of the weights that were
+    packed; None when they are those weights (bf16 written as bf16)."""
+    if fmt != "bf16":
+        return f"{fmt} experts as dense weights: they are the dequantized {fmt} values"
+    if dtype is not None and dtype != torch.bfloat16:
+        return (f"bf16 experts as {dtype} weights: the {dtype} experts were rounded to bf16 when packed, "
+                "these are the rounded values")
+    return None
+
+
 def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(gate_up_proj [E, 2I, H], down_proj [E, H, I]) of a loaded KTMoE, unpacked.
 
     bf16 experts come back exactly; int8 / int4 are dequantized (what the kernels
-    multiply, not the original weights) with a warning. ``dtype`` casts the result.
+    multiply, not the original weights) with a warning. ``dtype`` casts the result; a
+    ``dtype`` other than bf16 warns too (fp32 / fp16 experts were rounded to bf16 when packed).
     """
     gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
-    if fmt != "bf16":
+    lossy = _lossy_unpack(fmt, dtype)
+    if lossy is not None:
         warnings.warn(
-            f"torch_ktmoe: writing {fmt} experts as dense weights: they are the dequantized {fmt} values, "
-            "not the original checkpoint's (a reload computes what the patched model computed)",
+            f"torch_ktmoe: writing {lossy}, not the original checkpoint's (a reload computes what the patched "
+            "model computed)",
             UserWarning,
             stacklevel=3,
         )
@@ -319,7 +333,7 @@ def unpacking_disabled():
 
 def _dense_state_dict_hook(module, state_dict, prefix, local_metadata):
     # save_pretrained / state_dict() of a patched model: the replaced block's own keys, so the checkpoint
-    # reloads into the unpatched class (bf16 exact, int8/int4 dequantized with a warning).
+    # reloads into the unpatched class (bf16 exact; int8/int4 dequantized, fp32/fp16 bf16-rounded: with a warning).
     ktm = module.ktmoe
     if not unpacking_enabled() or ktm is None or not ktm.loaded:  # from_pretrained still loading: no expert keys yet
         return

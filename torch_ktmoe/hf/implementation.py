@@ -77,6 +77,7 @@ def implementation_options() -> dict:
 @dataclass
 class _Packed:
     ktmoe: nn.Module
+    implementation: str = "ktmoe"  # the name it was packed under (config._experts_implementation)
 
 
 def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
@@ -86,6 +87,19 @@ def _freed_state_dict_hook(module, state_dict, prefix, local_metadata):
         gate_up, down = layout_of(module).join(*dense_experts(packed.ktmoe, module.gate_up_proj.dtype))
         state_dict[prefix + "gate_up_proj"] = gate_up
         state_dict[prefix + "down_proj"] = down
+
+
+def _released_experts_guard(module, args):
+    # a forward pre-hook of a module whose dense experts were released: any other implementation would read
+    # the empty parameters (transformers' eager / batched_mm / grouped_mm end in an IndexError)
+    packed = getattr(module.__dict__.get("_ktmoe_packed"), "implementation", "ktmoe")
+    current = module.config._experts_implementation
+    if current != packed and module.gate_up_proj.numel() == 0:
+        raise RuntimeError(
+            f"{type(module).__name__}: experts_implementation={current!r} needs the dense experts, which "
+            f"experts_implementation={packed!r} released after packing them (keep_dense=False); to switch back, "
+            f"pack with keep_dense=True (configure_experts_implementation(keep_dense=True) or KTMOE_KEEP_DENSE=1) "
+            f"or reload the model")
 
 
 @torch.compiler.disable
@@ -102,11 +116,12 @@ def _pack_experts_module(module: nn.Module) -> nn.Module:
                      **layout.ktmoe_kwargs(), **opts)
     pack_dense_experts(ktm, layout, module.gate_up_proj.detach(), module.down_proj.detach())
     # kept in __dict__, not as a submodule: not in state_dict(), not touched by .to()/save_pretrained
-    module.__dict__["_ktmoe_packed"] = _Packed(ktm)
+    module.__dict__["_ktmoe_packed"] = _Packed(ktm, module.config._experts_implementation)
     if not keep_dense:  # the packed copy replaces the dense one; state_dict() unpacks on demand
         for p in (module.gate_up_proj, module.down_proj):
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         module.register_state_dict_post_hook(_freed_state_dict_hook)
+        module.register_forward_pre_hook(_released_experts_guard)
         release_free_heap()
     return ktm
 
@@ -122,7 +137,9 @@ def ktmoe_experts_forward(
     or the ``KTMOE_*`` environment variables (:data:`ENV_OPTIONS`); with
     ``keep_dense`` the dense parameters stay (the model can switch back to
     ``"eager"``/``"grouped_mm"``) and the packed copy is not refreshed if they change
-    -- delete ``module.__dict__["_ktmoe_packed"]`` to repack.
+    -- delete ``module.__dict__["_ktmoe_packed"]`` to repack. Without it, switching back
+    raises a RuntimeError that says so (instead of transformers' IndexError on the empty
+    parameters).
     """
     packed = self.__dict__.get("_ktmoe_packed")
     if packed is None and self.gate_up_proj.numel() == 0:

@@ -126,8 +126,8 @@ class _EmptyExpertsSwap:
     an empty :class:`KTMoEExperts` (``entries``: block, E, H, I, adapter), so transformers never
     materializes a dense expert; unsupported ones are refused (``strict``) or listed in ``refused``.
     ``after(model, info)``: the checkpoint's dense expert keys, skipped on purpose, are not
-    reported as unexpected; nor are the scales of an FP8 checkpoint's other weights (``fp8_scales``,
-    applied by :func:`.fp8_dense.dequantize_loaded_fp8`), nor the int4 tensors of an int4 checkpoint's
+    reported as unexpected; nor are the scales of an FP8 checkpoint's other weights (applied by
+    :func:`.fp8_dense.dequantize_loaded_fp8`, which finds them itself), nor the int4 tensors of an int4 checkpoint's
     other linears (``int4_keys``, dequantized by :func:`.int4_dense.dequantize_loaded_int4`, whose
     weights are then not reported missing)."""
 
@@ -135,7 +135,6 @@ class _EmptyExpertsSwap:
         self.strict = strict
         self.entries: list = []
         self.refused: list[RefusedBlock] = []
-        self.fp8_scales: list[str] = []
         self.int4_keys: list[str] = []
 
     def before(self, model) -> None:
@@ -156,18 +155,20 @@ class _EmptyExpertsSwap:
             b.module = None
         self.entries, self.refused = entries, refused
 
+    def experts_prefixes(self, model) -> tuple[str, ...]:
+        """Where the checkpoint may keep the swapped blocks' experts (each ending in ".")."""
+        return tuple(sorted({p + "." for b, *_ in self.entries
+                             for p in candidate_prefixes(b.name, model.base_model_prefix)}))
+
     def after(self, model, info) -> None:
         unexpected = getattr(info, "unexpected_keys", None)
         if not unexpected:
             return
-        prefixes = set()
-        for b, *_ in self.entries:
-            prefixes.update(p + "." for p in candidate_prefixes(b.name, model.base_model_prefix))
+        prefixes = self.experts_prefixes(model)
         for k in list(unexpected):
-            if any(k.startswith(p) for p in prefixes):
+            if k.startswith(prefixes):
                 unexpected.discard(k)
-            elif is_scale_key(k):  # an FP8 weight's, or a compressed-tensors int4 one's (skipped by fp8_dense)
-                self.fp8_scales.append(k)
+            elif is_scale_key(k):  # an FP8 weight's, or a compressed-tensors int4 one's (both read after the load)
                 unexpected.discard(k)
             elif is_int4_key(k):
                 self.int4_keys.append(k)
@@ -279,7 +280,7 @@ def from_pretrained(
     if cache is not None:
         ktmoe_kwargs["cache"] = cache
     model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
-    dequantize_loaded_fp8(model, path, swap.fp8_scales)
+    dequantize_loaded_fp8(model, path, swap.experts_prefixes(model))
     dequantize_loaded_int4(model, path, swap.int4_keys)
     report = PatchReport(refused=list(swap.refused))
     if packed is not None:
