@@ -8,6 +8,7 @@ import os
 import torch
 
 from .files import open_safetensors, read_json
+from .int4_config import config_group_sizes
 
 INDEX = "model.safetensors.index.json"
 
@@ -72,6 +73,11 @@ class SafetensorsCheckpoint:
         qc = read_json(config) if os.path.lexists(config) else None
         qc = qc.get("quantization_config") if isinstance(qc, dict) else None
         return qc if isinstance(qc, dict) else {}
+
+    @functools.cached_property
+    def int4_group_sizes(self) -> tuple[int, ...]:
+        """The int4 group sizes the quantization_config names (:func:`~.int4_config.config_group_sizes`)."""
+        return config_group_sizes(self.quantization_config, os.path.join(self.path, "config.json"))
 
     def _open(self, file: str):
         h = self._handles.get(file)
