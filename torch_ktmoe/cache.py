@@ -31,9 +31,10 @@ A build writes ``<name>.ktmoe.tmp.<pid>``, writes the header last, fsyncs and
 renames it over the final name, then fsyncs the directory. Validate-or-build is
 one C++ call per file (``WeightArena.load_or_build``, ``csrc/arena/cache_protocol.h``)
 that runs under ``flock`` on ``<name>.ktmoe.lock`` (created 0600, refused when
-another user owns it), so processes starting together on one directory build
-each file once and never see a half-written one. The lock is waited for at most
-``KTMOE_CACHE_LOCK_WAIT`` seconds (default 5): past that (another process, even a
+another user owns it, replaced by a 0600 one when others can open it), so processes
+starting together on one directory build each file once and never see a half-written
+one. The lock is waited for at most ``KTMOE_CACHE_LOCK_WAIT`` seconds (default 5;
+``inf``: as long as it is held; not a number >= 0: ValueError naming it): past that (another process, even a
 stopped one, holds it) the layer packs into an unnamed file, keeps nothing, says
 so in ``cache_events`` (``lock busy: ...``) and warns (``CacheLockWarning``).
 """
