@@ -60,12 +60,16 @@ def safetensors_header(fd: int, size: int, file) -> bytes:
     return prefix + read_exactly(fd, 8, length, file)
 
 
+@contextlib.contextmanager
 def open_safetensors(file):
-    """safetensors' ``safe_open`` of ``file`` (torch, CPU), opened through :func:`open_regular`."""
+    """safetensors' ``safe_open`` of ``file`` (torch, CPU), opened through :func:`open_regular`; the checked
+    descriptor stays open while the handle is used (safetensors reads ``/proc/self/fd/N``, not the name)."""
     from safetensors import SafetensorError, safe_open
 
     with open_regular(file) as (fd, _):
         try:
-            return safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu")  # maps the file: fd may close
+            handle = safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu")
         except SafetensorError as e:
             raise ValueError(f"checkpoint file {file!r} is not a safetensors file ({e})") from None
+        with handle as h:
+            yield h
