@@ -31,8 +31,9 @@ def index_weight_map(path: str):
 
 
 def _inside(name: str) -> bool:
-    return bool(name) and "\0" not in name and not os.path.isabs(name) and \
-        os.path.normpath(name).split(os.sep)[0] not in ("..", ".")
+    """``name``, as written, names a file inside the directory: not empty, relative, no ``..`` out of it."""
+    return (bool(name) and "\0" not in name and not os.path.isabs(name)
+            and os.path.normpath(name).split(os.sep)[0] not in ("..", "."))
 
 
 def index_shard_names(path: str) -> list[str]:
