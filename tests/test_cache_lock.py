@@ -1,9 +1,11 @@
 """The cache lock: created 0600, refused when another user owns it, waited for only until a deadline
 (KTMOE_CACHE_LOCK_WAIT), so that no other process, running or stopped, can stall a load."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -32,11 +34,12 @@ def run(m):
 
 
 def hold_lock(path) -> subprocess.Popen:
-    """A child process that holds flock on path until killed (it prints "held" once it does)."""
+    """A child process that holds flock on path until killed (it prints "held" once it does); it makes the
+    lock file 0600 as a load does (one others can open would be replaced)."""
     code = textwrap.dedent(f"""
-        import fcntl, time
-        f = open({str(path)!r}, "a")
-        fcntl.flock(f, fcntl.LOCK_EX)
+        import fcntl, os, time
+        fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         print("held", flush=True)
         time.sleep(600)
     """)
@@ -127,3 +130,75 @@ def test_world_writable_lock_file_is_refused(tmp_path):
     m = loaded(tmp_path)
     assert not m.cache_hit and "writable by others" in m.cache_events[0]["reason"]
     assert cache.leftover_temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("wait", ["inf", "1e10"])
+def test_a_lock_wait_too_long_for_a_deadline_waits_for_the_holder(tmp_path, wait):
+    """inf (or 1e10 s, past what a clock's nanoseconds hold) waits as long as the lock is held: the load
+    then builds and keeps the file (it gave up at once when the seconds overflowed)."""
+    holder = hold_lock(tmp_path / (FILE + ".lock"))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        from tests.helpers.cache_layer import loaded, reason
+        print("REASON", reason(loaded({str(tmp_path)!r})))
+    """)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=dict(os.environ, KTMOE_CACHE_LOCK_WAIT=wait))
+        time.sleep(3)
+        assert child.poll() is None, child.communicate()  # still waiting for the holder
+    finally:
+        holder.kill()
+        holder.wait()
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and "REASON missing" in out, out + err
+    assert (tmp_path / FILE).exists()
+
+
+@pytest.mark.parametrize("wait", ["abc", "-1", "nan", "5s"])
+def test_a_lock_wait_that_is_no_number_of_seconds_is_refused_by_name(tmp_path, monkeypatch, wait):
+    monkeypatch.setenv("KTMOE_CACHE_LOCK_WAIT", wait)
+    with pytest.raises(ValueError, match=rf"KTMOE_CACHE_LOCK_WAIT='{wait}': expected a number of seconds >= 0"):
+        loaded(tmp_path)
+
+
+def hold_lock_as_another_user(path) -> subprocess.Popen:
+    """A child process of uid 65534 that opens ``path`` read-only and holds flock on it until killed."""
+    code = textwrap.dedent(f"""
+        import fcntl, os, time
+        os.setgid(65534)
+        os.setuid(65534)
+        f = open({str(path)!r}, "rb")  # a 0644 file: any user may open it, and flock needs no write access
+        fcntl.flock(f, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+@root_only
+def test_a_lock_file_others_can_open_is_replaced_by_a_private_one(monkeypatch):
+    """A 0644 lock file (left by a release before locks were 0600) that another user holds: replaced, so the
+    load neither waits nor loses the valid cache file."""
+    monkeypatch.setenv("KTMOE_CACHE_LOCK_WAIT", "1")
+    directory = tempfile.mkdtemp(prefix="ktmoe-lock-")  # tmp_path's parents are root's alone (0700)
+    try:
+        os.chmod(directory, 0o755)
+        ref = run(loaded(directory))
+        lock = os.path.join(directory, FILE + ".lock")
+        os.chmod(lock, 0o644)
+        holder = hold_lock_as_another_user(lock)
+        try:
+            m = loaded(directory)
+        finally:
+            holder.kill()
+            holder.wait()
+        assert m.cache_hit, m.cache_events
+        assert torch.equal(run(m), ref)
+        assert os.stat(lock).st_mode & 0o777 == 0o600
+        assert sorted(os.listdir(directory)) == [FILE, FILE + ".lock"]
+    finally:
+        shutil.rmtree(directory)

@@ -150,3 +150,39 @@ def test_settled_files_are_hashed_once_per_stat(tmp_path, monkeypatch):
     assert len(hashed) == 6  # settled: hashed once, then kept
     _swap_keeping_stat(src, seed=2)  # a new ctime
     assert checkpoint_fingerprint(src) != first and len(hashed) == 8
+
+
+def _index_to(src, shard):
+    """Moves the checkpoint's one shard to ``src/shard`` and writes an index naming it there."""
+    import json
+
+    os.makedirs(os.path.dirname(os.path.join(src, shard)), exist_ok=True)
+    os.replace(os.path.join(src, "model.safetensors"), os.path.join(src, shard))
+    with open(os.path.join(src, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {f"{P}.gate_up_proj": shard, f"{P}.down_proj": shard}}, f)
+
+
+def test_a_shard_in_a_subdirectory_is_fingerprinted(tmp_path):
+    src = tmp_path / "ckpt"
+    _write(src, seed=1)
+    _index_to(src, "sub/x.safetensors")
+    base = checkpoint_fingerprint(src)
+    _write(tmp_path / "other", seed=2)
+    os.replace(tmp_path / "other" / "model.safetensors", src / "sub" / "x.safetensors")  # other experts
+    assert checkpoint_fingerprint(src) != base
+
+
+@pytest.mark.parametrize("shard", ["../x.safetensors", "/abs/x.safetensors", "sub/../../x.safetensors", ""])
+def test_a_shard_named_outside_the_directory_is_refused(tmp_path, shard):
+    src = tmp_path / "ckpt"
+    _write(src, seed=1)
+    _index_to(tmp_path / "ckpt", "sub/x.safetensors")
+    with open(src / "model.safetensors.index.json", "w") as f:
+        f.write('{"weight_map": {"%s.down_proj": "%s"}}' % (P, shard))
+    if shard.startswith("../"):
+        os.replace(src / "sub" / "x.safetensors", tmp_path / "x.safetensors")
+    match = rf"model\.safetensors\.index\.json: weight_map\[.*down_proj'\] = '{shard}' is not a file inside"
+    with pytest.raises(ValueError, match=match):
+        checkpoint_fingerprint(src)
+    with pytest.raises(ValueError, match=match):
+        SafetensorsCheckpoint(src)

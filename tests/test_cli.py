@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
 import uuid
 
 import pytest
@@ -14,6 +16,7 @@ pytest.importorskip("transformers")
 
 from torch_ktmoe import cli_pack, hf  # noqa: E402
 from torch_ktmoe.__main__ import main  # noqa: E402
+from tests.helpers import root_only  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,6 +91,70 @@ def test_checkpoint_that_is_a_packed_directory_or_has_no_safetensors(checkpoint,
     rc, _, err = pack(capsys, empty, tmp_path / "out")
     one_line_refusal(rc, err, "has no *.safetensors")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out", ["under_a_file", "empty", "not_utf8"])
+def test_output_that_cannot_be_made(checkpoint, tmp_path, capsys, no_load, out):
+    (tmp_path / "afile").write_text("mine")
+    target = {"under_a_file": str(tmp_path / "afile" / "sub"), "empty": "",
+              "not_utf8": os.fsdecode(os.path.join(os.fsencode(tmp_path), b"out\xff"))}[out]
+    rc, _, err = pack(capsys, checkpoint, target)
+    one_line_refusal(rc, err, {"under_a_file": "afile' is not a directory", "empty": "DIR is empty",
+                               "not_utf8": "DIR b'"}[out])
+    assert os.listdir(tmp_path) == ["afile"]
+
+
+def test_checkpoint_path_that_is_not_utf8(checkpoint, tmp_path, capsys, no_load):
+    src = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"ckpt\xff"))
+    shutil.copytree(checkpoint, src)
+    rc, _, err = pack(capsys, src, tmp_path / "out")
+    one_line_refusal(rc, err, "checkpoint directory b'", "is not a valid UTF-8 path")
+    assert not (tmp_path / "out").exists()
+
+
+def test_fifo_shard_is_refused_without_blocking(checkpoint, tmp_path):
+    """A FIFO named *.safetensors: pack's header read goes through the checkpoint files' one opener."""
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, src)
+    os.mkfifo(src / "zz-pipe.safetensors")
+    try:
+        r = subprocess.run([sys.executable, "-m", "torch_ktmoe", "pack", str(src), str(tmp_path / "out")],
+                           env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("pack blocked on a FIFO named *.safetensors")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "zz-pipe.safetensors' is not a regular file; nothing was packed" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+UNREADABLE_CHILD = textwrap.dedent("""
+    import os, sys
+    import torch_ktmoe.checkpoint.files, torch_ktmoe.hf.packed_manifest, torch_ktmoe.ops, torch_ktmoe.paths
+    from torch_ktmoe.__main__ import main  # everything pack imports, before root is dropped
+    os.setgid(65534)
+    os.setuid(65534)
+    sys.exit(main(["pack", sys.argv[1], sys.argv[2], "--quiet"]))
+""")
+
+
+@root_only
+@pytest.mark.parametrize("what", ["directory", "shard"])
+def test_unreadable_checkpoint_is_one_line(checkpoint, what):
+    base = tempfile.mkdtemp(prefix="ktmoe-unreadable-")  # tmp_path's parents are root's alone (0700)
+    try:
+        os.chmod(base, 0o755)
+        src, out = os.path.join(base, "ckpt"), os.path.join(base, "out")
+        shutil.copytree(checkpoint, src)
+        os.mkdir(out)
+        os.chown(out, 65534, 65534)
+        os.chmod(src if what == "directory" else os.path.join(src, "model.safetensors"), 0)
+        r = subprocess.run([sys.executable, "-c", UNREADABLE_CHILD, src, out], env=dict(os.environ, PYTHONPATH=ROOT),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1 and "cannot be read: Permission denied" in r.stderr, r.stderr
+        assert os.listdir(out) == []
+    finally:
+        shutil.rmtree(base)
 
 
 def test_hub_failure_is_one_line_and_creates_nothing(tmp_path, capsys, monkeypatch):
@@ -201,3 +268,21 @@ def test_inspect_never_tracebacks(checkpoint, tmp_path, capsys, what):
 
 def test_int8_takes_a_group_size(checkpoint, tmp_path):
     cli_pack.check(str(checkpoint), str(tmp_path / "out"), "int8", 32)  # a scale per (row, 32 inputs): accepted
+
+
+def test_inspect_names_that_are_not_utf8(tmp_path, capsys):
+    bad_dir = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"d\xff"))
+    os.mkdir(bad_dir)
+    rc = main(["inspect", bad_dir])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("inspect: ") and len(err.splitlines()) == 1, err
+    assert "is not a valid UTF-8 path" in err, err
+    (tmp_path / "d").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path), b"d/x\xff.ktmoe"), "wb") as f:
+        f.write(b"junk")
+    rc = main(["inspect", str(tmp_path / "d")])
+    out, err = capsys.readouterr()
+    (row,) = [line for line in out.splitlines() if ".ktmoe" in line]
+    assert rc == 0 and "1 files, 0 valid" in out, out + err
+    assert row.startswith("x\\xff.ktmoe ") and "is not a valid UTF-8 path" in row, row
+    assert "Invoked with" not in out and "incompatible function arguments" not in out, out

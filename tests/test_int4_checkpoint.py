@@ -1,5 +1,6 @@
 """Int4-group checkpoints (compressed-tensors pack-quantized, GPTQ, AWQ) read by torch_ktmoe.checkpoint: the readers
 against each encoding's own dequantization, act-order, and every refusal naming its tensor or field."""
+import json
 import os
 
 import pytest
@@ -221,6 +222,10 @@ def test_unbalanced_g_idx_is_refused(tmp_path):
                               "input_activations": {"num_bits": 8}}}},
      r"config_groups\.g\.input_activations = .* weight-only"),
     ({"quant_method": "hqq"}, r"quant_method = 'hqq'"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 0}, r"quantization_config\.group_size = 0; .* positive integer"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": "96"}}}},
+     r"quantization_config\.config_groups\.g\.weights\.group_size = '96'"),
 ])
 def test_int4_configs_torch_ktmoe_does_not_read_are_refused_naming_the_field(qc, match):
     with pytest.raises(ValueError, match=match):
@@ -232,3 +237,52 @@ def test_the_fixture_configs_are_read():
 
     for qc in (ct_config(), gptq_config(), gptq_config(awq=True), gptq_config(desc_act=True)):
         check_int4_config(qc, "fixture")
+
+
+# ------------------------------------------------------------------ the config's group size
+G96 = 192  # k = 192 inputs in groups of 96 make 2 groups, as groups of 128 would: only the config tells them apart
+
+
+def _group_checkpoint(tmp_path, kind: str, group: int, config_group: int):
+    """E experts [192, 192] in ``kind`` ("ct" / "awq") quantized in groups of ``group``, and a config.json naming
+    ``config_group``; returns (path, [(gate_up, down)] of their dequantized weights)."""
+    from tests.helpers.int4_checkpoints import ct_config, gptq_config
+
+    g = torch.Generator().manual_seed(0)
+    t, ref = {}, []
+    for e in range(E):
+        deq = {}
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            w = torch.randn(G96, G96, generator=g) / G96 ** 0.5
+            parts, deq[name] = ct_quantize(w, group) if kind == "ct" else gptq_quantize(w, group, awq=True)
+            t.update({f"{PREFIX}.{e}.{name}.{s}": v for s, v in parts.items()})
+        ref.append((torch.cat([deq["gate_proj"], deq["up_proj"]]), deq["down_proj"]))
+    path = _write(tmp_path, t)
+    qc = ct_config(config_group) if kind == "ct" else gptq_config(config_group, awq=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"quantization_config": qc}, f)
+    return path, ref
+
+
+@pytest.mark.parametrize("kind", ["ct", "awq"])
+def test_a_group_size_that_is_no_power_of_two_is_read_from_the_config(tmp_path, kind):
+    path, ref = _group_checkpoint(tmp_path, kind, 96, 96)
+    with SafetensorsCheckpoint(path) as ckpt:
+        reader = find_experts(ckpt, [PREFIX], G96, G96)
+        assert reader.group_size == 96
+        for (gu, dn), (rgu, rdn) in zip(reader.experts(range(E)), ref):
+            assert torch.equal(gu, rgu) and torch.equal(dn, rdn)
+        for (gq, dq, gs, ds, gz, dz), (rgu, rdn) in zip(reader.int4_experts(range(E)), ref):
+            assert gs.shape == (2 * G96, 2)
+            assert torch.equal(_dequantize_grouped(gq, gs, gz, 96), rgu)
+            assert torch.equal(_dequantize_grouped(dq, ds, dz, 96), rdn)
+
+
+@pytest.mark.parametrize("kind", ["ct", "awq"])
+def test_scales_that_do_not_fit_the_configs_group_size_are_refused(tmp_path, kind):
+    path, _ = _group_checkpoint(tmp_path, kind, 64, 96)  # 3 groups of 64; the config says 96 (2 groups)
+    scale = "weight_scale" if kind == "ct" else "scales"
+    match = (rf"{PREFIX}\.0\.gate_proj\.{scale}: 3 groups over k=192 inputs .* but the quantization_config's "
+             r"group_size 96 gives 2 \(ceil\(k / group_size\)\)")
+    with SafetensorsCheckpoint(path) as ckpt, pytest.raises(ValueError, match=match):
+        find_experts(ckpt, [PREFIX], G96, G96)

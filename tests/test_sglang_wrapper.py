@@ -4,6 +4,9 @@ bad input, the launcher's flag handling.
 The same wrapper driven by a real sglang layer: tests/integration/test_sglang.py (`make test-sglang`).
 """
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from torch_ktmoe.sglang import MMAP_DIR_ENV, KTMoEWrapper, weight_format_of
 from tests.helpers import FORMAT_TOLERANCE, random_experts
 
 E, H, I, K, L = 6, 64, 32, 2, 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _experts(seed=0):
@@ -275,3 +279,27 @@ def test_non_utf8_paths_are_refused_at_construction_naming_them(tmp_path, monkey
     monkeypatch.setenv(MMAP_DIR_ENV, os.fsdecode(os.fsencode(tmp_path) + b"/env\xff"))
     with pytest.raises(ValueError, match=r"mmap_experts_dir b'.*/env\\xff' is not a valid UTF-8"):
         _wrapper(good)
+
+
+def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
+    """load_weights lists the *.safetensors files when there is no index: a FIFO among them is refused, never
+    opened for reading (that would wait for a writer forever). In a child process: a hang fails the test."""
+    gate_up, down = _experts()
+    path = _write(tmp_path / "ckpt", "qwen", gate_up, down)
+    os.mkfifo(os.path.join(path, "zz-pipe.safetensors"))
+    code = textwrap.dedent(f"""
+        import torch
+        from torch_ktmoe.sglang import KTMoEWrapper
+        wrapper = KTMoEWrapper({L}, {E}, {K}, {H}, {I}, num_gpu_experts=2, cpuinfer_threads=1, threadpool_count=1,
+                               weight_path={path!r}, chunked_prefill_size=64, method="BF16")
+        try:
+            wrapper.load_weights(torch.arange({E}))
+        except ValueError as e:
+            print("REFUSED", e)
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    except subprocess.TimeoutExpired:
+        pytest.fail("load_weights blocked on a FIFO named *.safetensors")
+    assert "REFUSED" in r.stdout and "zz-pipe.safetensors' is not a regular file" in r.stdout, r.stdout + r.stderr

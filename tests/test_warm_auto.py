@@ -184,3 +184,50 @@ def test_interpreter_exit_or_freeing_the_model_during_a_warm_does_not_hang(tmp_p
     assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
     assert "Warning" not in res.stderr, res.stderr
     assert time.monotonic() - t0 < 110
+
+
+FORK_CHILD = textwrap.dedent("""
+    import os, signal, sys, threading, time, torch
+    from torch_ktmoe import KTMoE, model_warm
+    directory, child_does = sys.argv[1], sys.argv[2]
+    go = threading.Event()  # the worker starts once the layer's file is cold: its read is long
+    real_warm_layer = model_warm.ModelWarm._warm_layer
+    model_warm.ModelWarm._warm_layer = lambda self, layer: (go.wait(), real_warm_layer(self, layer))[1]
+    E, H, I = 16, 2048, 2048  # 384 MiB of bf16 experts
+    layer = KTMoE(E, 2, H, I, mmap_experts_dir=directory, numa_parts=1)  # warm="auto"
+    layer.load_weights(torch.empty(E, 2 * I, H, dtype=torch.bfloat16).normal_(),
+                       torch.empty(E, H, I, dtype=torch.bfloat16).normal_())
+    (arena,) = layer.arenas
+    arena.evict()
+    go.set()
+    while arena.prefault_status != "running" or layer.model_warm._current is None:
+        time.sleep(0.001)
+    pid = os.fork()  # while the worker thread and the arena's C++ read run
+    if pid == 0:
+        status = arena.prefault_status  # "error: stopped": the read runs in the parent only
+        if child_does == "join":
+            layer.join_warm()
+        print("CHILD", repr(status), layer.model_warm.running, flush=True)
+        sys.exit(0)  # runs the atexit stop_all
+    deadline = time.monotonic() + 30
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            print("HUNG", flush=True)
+            break
+        time.sleep(0.05)
+    layer.join_warm()
+    print("PARENT", layer.model_warm.progress()["warmed_layers"], arena.prefault_status, flush=True)
+""")
+
+
+@pytest.mark.parametrize("child_does", ["join", "exit"])
+def test_a_child_forked_during_the_warm_starts_without_it(tmp_path, child_does):
+    """fork() while the model warm's worker reads a layer: the child (which has neither the worker nor the
+    arena's I/O thread) joins at once and exits; the parent's warm goes on."""
+    res = subprocess.run([sys.executable, "-c", FORK_CHILD, str(tmp_path), child_does], capture_output=True,
+                         text=True, timeout=120, env={"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0 and "HUNG" not in res.stdout, res.stdout + res.stderr
+    assert "CHILD 'error: stopped' False" in res.stdout, res.stdout + res.stderr
+    assert "PARENT 1 populate_read" in res.stdout, res.stdout + res.stderr

@@ -51,6 +51,11 @@ def _inspected_dir(directory: str) -> str:
     return experts
 
 
+def _printable(name: str) -> str:
+    """A file name as printable text: bytes that are not UTF-8 as ``\\xff`` (any locale's stdout takes it)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 def cmd_inspect(args) -> int:
     from torch_ktmoe.cache import inspect_dir, leftover_temp_files
     from torch_ktmoe.hf.packed_manifest import PackedDirError
@@ -62,7 +67,7 @@ def cmd_inspect(args) -> int:
         directory = _inspected_dir(args.dir)
         rows = inspect_dir(directory, verify=args.verify)
         leftovers = leftover_temp_files(directory)
-    except (OSError, PackedDirError) as e:
+    except (OSError, ValueError, PackedDirError) as e:  # ValueError: a path that is not UTF-8
         print(f"inspect: {e}", file=sys.stderr)
         return 2
     print(f"{'file':<26} {'layer':>5} {'part':>4} {'format':<6} {'E x H x I':<16} {'range':<11} "
@@ -73,11 +78,12 @@ def cmd_inspect(args) -> int:
         w13 = "x".join(map(str, r["w13_shape"])) if "w13_shape" in r else "?"
         w2 = "x".join(map(str, r["w2_shape"])) if "w2_shape" in r else "?"
         status = "valid" if r["valid"] else f"invalid: {r['reason']}"
-        print(f"{r['name']:<26} {str(r['layer']):>5} {str(r['part']):>4} {r.get('weight_format', '?'):<6} {shape:<16} "
+        print(f"{_printable(r['name']):<26} {str(r['layer']):>5} {str(r['part']):>4} "
+              f"{r.get('weight_format', '?'):<6} {shape:<16} "
               f"{rng:<11} {w13:<15} {w2:<15} {r['file_bytes'] / 2**20:8.1f} "
               f"{max(r['resident_bytes'], 0) / 2**20:8.1f}  {status}")
     for name in leftovers:
-        print(f"{name:<26} temporary build file (a build in progress, or left by a crashed process)")
+        print(f"{_printable(name):<26} temporary build file (a build in progress, or left by a crashed process)")
     print(f"{len(rows)} files, {sum(r['valid'] for r in rows)} valid")
     return 0
 

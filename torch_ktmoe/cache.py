@@ -31,9 +31,10 @@ A build writes ``<name>.ktmoe.tmp.<pid>``, writes the header last, fsyncs and
 renames it over the final name, then fsyncs the directory. Validate-or-build is
 one C++ call per file (``WeightArena.load_or_build``, ``csrc/arena/cache_protocol.h``)
 that runs under ``flock`` on ``<name>.ktmoe.lock`` (created 0600, refused when
-another user owns it), so processes starting together on one directory build
-each file once and never see a half-written one. The lock is waited for at most
-``KTMOE_CACHE_LOCK_WAIT`` seconds (default 5): past that (another process, even a
+another user owns it, replaced by a 0600 one when others can open it), so processes
+starting together on one directory build each file once and never see a half-written
+one. The lock is waited for at most ``KTMOE_CACHE_LOCK_WAIT`` seconds (default 5;
+``inf``: as long as it is held; not a number >= 0: ValueError naming it): past that (another process, even a
 stopped one, holds it) the layer packs into an unnamed file, keeps nothing, says
 so in ``cache_events`` (``lock busy: ...``) and warns (``CacheLockWarning``).
 """
@@ -44,6 +45,7 @@ from typing import Iterable, List
 import torch
 
 from ._native import _C
+from .paths import utf8_path
 
 CACHE_POLICIES = ("reuse", "rebuild", "off", "map")
 VERIFY_LEVELS = ("header", "full")
@@ -86,21 +88,25 @@ def inspect_dir(directory: str, verify: bool = False) -> List[dict]:
     (``verify=True``: data checksums too); a bad file gets its own reason and
     never stops the listing.
     """
-    out = []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(CACHE_SUFFIX):
-            continue
-        try:
-            info = dict(_C.inspect_cache_file(os.path.join(directory, name), verify))
-        except Exception as e:  # noqa: BLE001 - one file's failure is that file's reason
-            info = {"path": os.path.join(directory, name), "file_bytes": 0, "valid": False,
-                    "reason": f"unreadable: {type(e).__name__}: {e}", "resident_bytes": -1}
-        info["name"] = name
-        info["layer"], info["part"] = _C.parse_cache_arena_name(name) if name.isascii() else (None, None)
-        out.append(info)
-    return out
+    directory = utf8_path(directory, "cache directory")  # ValueError naming it: the native side takes UTF-8
+    return [_inspect_file(directory, name, verify) for name in sorted(os.listdir(directory))
+            if name.endswith(CACHE_SUFFIX)]
+
+
+def _inspect_file(directory: str, name: str, verify: bool) -> dict:
+    """:func:`inspect_dir`'s row of one file; a file it cannot inspect gets a one-line reason."""
+    path = os.path.join(directory, name)
+    try:
+        info = dict(_C.inspect_cache_file(utf8_path(path, "cache file"), verify))
+    except Exception as e:  # noqa: BLE001 - one file's failure is that file's reason (its first line)
+        first_line = (str(e).splitlines() or [""])[0]
+        info = {"path": path, "file_bytes": 0, "valid": False, "reason": f"unreadable: {type(e).__name__}: {first_line}",
+                "resident_bytes": -1}
+    info["name"] = name
+    info["layer"], info["part"] = _C.parse_cache_arena_name(name) if name.isascii() else (None, None)
+    return info
 
 
 def leftover_temp_files(directory: str) -> List[str]:
     """Temporary build files (``*.ktmoe.tmp.<pid>``) in ``directory``."""
-    return list(_C.cache_temp_files(os.fspath(directory)))
+    return list(_C.cache_temp_files(utf8_path(directory, "cache directory")))

@@ -1,9 +1,10 @@
 """``python -m torch_ktmoe pack CHECKPOINT DIR``: prebuild the packed expert cache files of a checkpoint.
 
 Everything that can be judged before loading is judged first, and a refusal is one line on
-stderr, exit code 2, with nothing created: the output is a file; the checkpoint is missing, a
-file, has no ``*.safetensors``, or is a packed model directory (nothing to pack); a name that is
-neither a local directory nor a hub id (``owner/name``); a ``--group-size`` the format does not
+stderr, exit code 2, with nothing created: the output is a file, empty, or under a file; the
+checkpoint is missing, a file, unreadable (or one of its shards is, or is no regular file), has
+no ``*.safetensors``, or is a packed model directory (nothing to pack); a path that is not UTF-8;
+a name that is neither a local directory nor a hub id (``owner/name``); a ``--group-size`` the format does not
 take; a directory the cache cannot keep files in (tmpfs, unwritable, ...); a disk with less free
 space than the files need at the least. A load that fails later is one line too, and removes the
 output directory if pack created it. A file not kept (e.g. the disk filled up) is named with the
@@ -15,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 import time
 
@@ -32,22 +32,31 @@ def _is_hub_id(name: str) -> bool:
 
 
 def _safetensors_files(checkpoint: str) -> list[str]:
-    return sorted(os.path.join(checkpoint, n) for n in os.listdir(checkpoint) if n.endswith(".safetensors"))
+    try:
+        names = os.listdir(checkpoint)
+    except OSError as e:
+        raise PackRefused(f"checkpoint directory {checkpoint!r} cannot be read: {e.strerror}") from None
+    return sorted(os.path.join(checkpoint, n) for n in names if n.endswith(".safetensors"))
 
 
 def _header(path: str) -> dict:
-    """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-        if not 0 < n <= 100 << 20:
-            raise PackRefused(f"{path} is not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise PackRefused(f"{path} is not a safetensors file ({e})") from None
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets), read through the
+    checkpoint files' one opener (a FIFO is refused, never waited on)."""
+    from .checkpoint.files import open_regular, safetensors_header
+
+    try:
+        with open_regular(path) as (fd, st):
+            raw = safetensors_header(fd, st.st_size, path)[8:]
+    except OSError as e:
+        raise PackRefused(f"checkpoint file {path!r} cannot be read: {e.strerror}") from None
+    except ValueError as e:  # not a regular file, no safetensors header
+        raise PackRefused(str(e)) from None
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise PackRefused(f"checkpoint file {path!r} is not a safetensors file ({e})") from None
     if not isinstance(header, dict):
-        raise PackRefused(f"{path} is not a safetensors file (its header is not an object)")
+        raise PackRefused(f"checkpoint file {path!r} is not a safetensors file (its header is not an object)")
     return header
 
 
@@ -81,13 +90,25 @@ def free_bytes(directory: str) -> int:
 
 
 def _existing_parent(directory: str) -> str:
+    """The nearest of ``directory`` and its parents that exists (a directory, else PackRefused naming it)."""
     target = os.path.abspath(directory)
-    while not os.path.isdir(target):
+    while not os.path.lexists(target):
         parent = os.path.dirname(target)
         if parent == target:
             break
         target = parent
+    if not os.path.isdir(target):
+        raise PackRefused(f"{directory!r} cannot be made: {target!r} is not a directory")
     return target
+
+
+def _utf8(path: str, what: str) -> str:
+    from .paths import utf8_path
+
+    try:
+        return utf8_path(path, what)
+    except ValueError as e:
+        raise PackRefused(str(e)) from None
 
 
 def check(checkpoint: str, directory: str, weight_format: str, group_size: int) -> None:
@@ -96,6 +117,10 @@ def check(checkpoint: str, directory: str, weight_format: str, group_size: int) 
     from .hf.packed_manifest import is_packed_dir
     from .ops import FORMAT_TRAITS
 
+    if not directory:
+        raise PackRefused("DIR is empty: name the directory to keep the packed experts in")
+    _utf8(checkpoint, "checkpoint directory")
+    _utf8(directory, "DIR")
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise PackRefused(f"{directory!r} exists and is not a directory")
     takes_group = ("chosen", "row")  # "row": one scale per row unless a group is asked for (int8)

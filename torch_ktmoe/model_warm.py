@@ -15,9 +15,12 @@ Threads and lifetime: the reads run in the arena's C++ I/O thread without the GI
 (a daemon thread) only starts them and polls their status 50 times a second, holding weak
 references, so it keeps no layer alive: freeing a layer stops its read (the arena's destructor).
 The worker ends when its queue is empty; :func:`stop_all` (registered with ``atexit``) stops
-every model's warm at interpreter exit. An error while warming (``prefault_status``
-``"error: ..."``) warns (:class:`WarmWarning`) and is kept in :meth:`progress`; the forward
-then faults the pages in as without warm.
+every model's warm at interpreter exit. A child made by ``fork()`` (data loaders, multiprocessing's
+fork start method, pre-forking servers) has none of the parent's threads: it starts with no warm
+(:func:`_forget_warms_in_child`, registered with :func:`os.register_at_fork`; the arenas forget
+their prefault threads in C++ likewise), so its ``join_warm()`` and its exit do not wait for
+them. An error while warming (``prefault_status`` ``"error: ..."``) warns (:class:`WarmWarning`)
+and is kept in :meth:`progress`; the forward then faults the pages in as without warm.
 """
 import atexit
 import os
@@ -88,6 +91,18 @@ class ModelWarm:
                     return False
                 self._lock.wait(left)
         return True
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the worker and the read in flight run in the parent only, and a lock
+        they held stays held here; start over with no warm (loads in the child may queue layers again)."""
+        if self._thread is not None:
+            self.stopped_reason = "the process forked while warming: the child does not go on with it"
+        self._lock = threading.Condition()
+        for r in self._queue:
+            if r() is not None:
+                r().warm_pending = False
+        self._queue.clear()
+        self._current = self._thread = None
 
     @property
     def running(self) -> bool:
@@ -196,6 +211,16 @@ def warm_on_load(arenas, directory: str, fits: bool) -> ModelWarm:
     else:
         warm.stop("the model's file-backed experts do not fit in memory: read-ahead of the routed experts instead")
     return warm
+
+
+def _forget_warms_in_child() -> None:
+    global _BY_DIR_LOCK
+    _BY_DIR_LOCK = threading.Lock()  # a parent thread may have held it at the fork
+    for w in _BY_DIR.values():
+        w.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_warms_in_child)
 
 
 @atexit.register

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -58,8 +59,30 @@ struct ProcessTotals {
   int64_t next_id = 0;
   std::vector<std::weak_ptr<KtWeightArena>> arenas;  // creation order
 };
+ProcessTotals& totals();
+
+// [NOTE] fork: a forked child has one thread. An arena's background prefault
+// runs on in the parent only: in the child its std::thread is a stale handle
+// (joining it is undefined; glibc may hand its stack to the child's next thread),
+// its status would read "running" forever, and a prefault lock a parent thread
+// held (join_prefault, a wait=true prefault) stays held, so the child's
+// stop_prefault and destructor could wait forever. The child handler lets every
+// live arena forget them (forget_prefault_after_fork); the list's own lock is
+// taken around fork() so the child sees the list whole.
+void lock_totals_for_fork() { totals().mutex.lock(); }
+void unlock_totals_after_fork() { totals().mutex.unlock(); }
+void forget_prefaults_in_child() {
+  for (const auto& w : totals().arenas)
+    if (auto a = w.lock()) a->forget_prefault_after_fork();
+  totals().mutex.unlock();
+}
+
 ProcessTotals& totals() {
-  static ProcessTotals* t = new ProcessTotals();  // never destroyed: arenas may outlive statics
+  static ProcessTotals* t = [] {
+    auto* made = new ProcessTotals();  // never destroyed: arenas may outlive statics
+    ::pthread_atfork(lock_totals_for_fork, unlock_totals_after_fork, forget_prefaults_in_child);
+    return made;
+  }();
   return *t;
 }
 

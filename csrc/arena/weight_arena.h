@@ -164,6 +164,10 @@ class KtWeightArena {
   // "" (never run), "running", "populate_read", "willneed" (method that
   // completed) or "error: ..." (what failed).
   std::string prefault_status() const;
+  // In the child of fork() only (its one thread, from the atfork handler): forgets a
+  // prefault thread that runs in the parent only, and the prefault locks a parent
+  // thread may hold; a prefault that was running reads "error: stopped".
+  void forget_prefault_after_fork();
   // Bytes of the slices the current (or last) prefault has gone through: its progress.
   int64_t prefault_done_bytes() const { return prefault_done_.load(); }
 

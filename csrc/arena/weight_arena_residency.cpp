@@ -39,7 +39,8 @@
 //   working in 64 MiB steps so that stop_prefault() and the destructor stop it promptly; it
 //   holds no reference to the arena (the destructor joins it before unmapping),
 //   so it never keeps an arena alive, and a process that exits while it runs
-//   simply ends it.
+//   simply ends it. A child forked while it runs has no such thread: the arena
+//   forgets it there (status "error: stopped"; the fork note in weight_arena.cpp).
 //   The caller decides whether warming is wise (torch_ktmoe.layer.KTMoE.warm
 //   skips it when the file does not fit in the memory headroom: warming more
 //   than RAM would evict the hot set to read cold experts).
@@ -52,6 +53,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "arena/weight_arena.h"
 #include "common/posix_text.h"
@@ -245,6 +247,15 @@ void KtWeightArena::join_prefault() {
 void KtWeightArena::stop_prefault() {
   prefault_stop_.store(true);
   join_prefault();  // takes prefault_mutex_: also waits for a wait=true run on another thread
+  prefault_stop_.store(false);
+}
+
+void KtWeightArena::forget_prefault_after_fork() {
+  // Placement new: the copies must be neither joined, unlocked nor destroyed (see weight_arena.cpp's fork note).
+  new (&prefault_mutex_) std::mutex();
+  new (&status_mutex_) std::mutex();
+  if (prefault_thread_.joinable()) new (&prefault_thread_) std::thread();
+  if (prefault_status_ == "running") prefault_status_ = "error: stopped";
   prefault_stop_.store(false);
 }
 

@@ -1,5 +1,7 @@
 """Host-neutral checkpoint reading: the experts of a safetensors checkpoint into a KTMoE.
 
+* :mod:`.files` -- :func:`~.files.open_regular`, the one way a checkpoint file is opened (a FIFO is refused, never
+  waited on), and the readers over it (JSON, a safetensors header, safetensors' ``safe_open``);
 * :mod:`.safetensors_dir` -- :class:`SafetensorsCheckpoint`, a directory of shards read a tensor or a row at a time;
 * :mod:`.fused_layout` -- :class:`FusedLayout`, the row order of fused ``gate_up`` / ``down`` tensors;
 * one module per reader kind: :mod:`.dense` (fused tensors, :data:`PER_EXPERT_LAYOUTS`),

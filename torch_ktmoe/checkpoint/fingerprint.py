@@ -1,7 +1,8 @@
 """The fingerprint of a checkpoint directory: what the packed cache files of its experts are checked against.
 
 ``checkpoint_fingerprint(path, extra)`` hashes, for each ``*.safetensors`` and ``*.json`` file of
-``path`` (sorted by name):
+``path`` and each shard its ``model.safetensors.index.json`` names (``sub/x.safetensors`` too; a name
+that leaves ``path`` is refused), sorted by name:
 
 * its name, size and mtime (a rewritten shard changes them);
 * a safetensors shard's whole JSON header (every tensor's name, dtype, shape and data offsets, and
@@ -26,15 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import threading
 import time
+
+from .files import open_regular, read_exactly, safetensors_header
+from .safetensors_dir import index_shard_names
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".json")
 SAMPLES = 64
 SAMPLE_BYTES = 4096
 WHOLE_FILE_BYTES = SAMPLES * SAMPLE_BYTES
-MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own bound on its JSON header
 SETTLED_NS = 2_000_000_000  # coarser than any file system's ctime (FAT: 2 s)
 _MEMO_SIZE = 16
 _memo: dict[tuple, bytes] = {}  # (path, the files' stat) -> digest of the files
@@ -45,7 +47,7 @@ def checkpoint_fingerprint(path, extra: str = "") -> str:
     """``blake2b`` of a checkpoint directory's files (names, sizes, mtimes, safetensors headers, content
     samples; see the module docstring) plus ``extra``."""
     path = os.fspath(path)
-    names = sorted(n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES))
+    names = sorted({n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES)} | set(index_shard_names(path)))
     stats = [os.stat(os.path.join(path, n)) for n in names]
     key = (os.path.abspath(path), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
     with _memo_lock:
@@ -71,19 +73,13 @@ def _identity(st: os.stat_result) -> tuple:
 
 
 def _hash_file(h, file: str, name: str) -> None:
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks the open
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"checkpoint file {file!r} is not a regular file")
+    with open_regular(file) as (fd, st):
         h.update(b"|file:" + os.fsencode(name) + f":{st.st_size}:{st.st_mtime_ns}".encode())
         if name.endswith(".safetensors"):
-            h.update(b"|header:" + _safetensors_header(fd, st.st_size, file))
+            h.update(b"|header:" + safetensors_header(fd, st.st_size, file))
         h.update(b"|sample:")
         for offset, length in sample_ranges(st.st_size):
-            h.update(_read_exactly(fd, offset, length, file))
-    finally:
-        os.close(fd)
+            h.update(read_exactly(fd, offset, length, file))
 
 
 def sample_ranges(size: int) -> list[tuple[int, int]]:
@@ -93,22 +89,3 @@ def sample_ranges(size: int) -> list[tuple[int, int]]:
         return [(0, size)] if size else []
     span = size - SAMPLE_BYTES
     return [(span * i // (SAMPLES - 1), SAMPLE_BYTES) for i in range(SAMPLES)]
-
-
-def _safetensors_header(fd: int, size: int, file: str) -> bytes:
-    """The 8-byte length and the JSON header of a safetensors file; ValueError naming ``file`` if it has none."""
-    if size < 8:
-        raise ValueError(f"checkpoint file {file!r} is not a safetensors file ({size} bytes, no header)")
-    prefix = _read_exactly(fd, 0, 8, file)
-    length = int.from_bytes(prefix, "little")
-    if length > min(size - 8, MAX_HEADER_BYTES):
-        raise ValueError(f"checkpoint file {file!r} is not a safetensors file (its header claims {length} bytes; "
-                         f"the file has {size})")
-    return prefix + _read_exactly(fd, 8, length, file)
-
-
-def _read_exactly(fd: int, offset: int, length: int, file: str) -> bytes:
-    data = os.pread(fd, length, offset)
-    if len(data) != length:
-        raise ValueError(f"checkpoint file {file!r} changed while it was read (short read at offset {offset})")
-    return data

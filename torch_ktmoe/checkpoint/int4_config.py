@@ -1,6 +1,7 @@
 """The ``quantization_config`` of an int4-group checkpoint, checked against what :mod:`.compressed_tensors` and
 :mod:`.gptq` read: ValueError naming the field for anything else (bits other than 4, another packing format,
-GPTQ v2 zeros, AWQ's GEMV layout, quantized activations)."""
+GPTQ v2 zeros, AWQ's GEMV layout, quantized activations); and the group sizes it names
+(:func:`config_group_sizes`), which the readers check each weight's scales against."""
 from __future__ import annotations
 
 INT4_QUANT_METHODS = ("compressed-tensors", "gptq", "awq")
@@ -50,3 +51,30 @@ def check_int4_config(qc: dict, where: str) -> None:
             raise _refuse(where, "version", qc.get("version"), "AWQ version 'gemm'")
     else:
         raise _refuse(where, "quant_method", method, f"int4 checkpoints of {list(INT4_QUANT_METHODS)}")
+    config_group_sizes(qc, where)  # each a positive integer (or -1)
+
+
+def _group_size(value, where: str, field: str) -> tuple[int, ...]:
+    """(value,) for a positive group size, () for none (-1 / absent: one group per row); else ValueError."""
+    if value is None or value == -1:
+        return ()
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _refuse(where, field, value, "a positive integer group size (or -1: one group per row)")
+    return (value,)
+
+
+def config_group_sizes(qc: dict, where: str) -> tuple[int, ...]:
+    """The int4 group sizes ``qc`` names, sorted: compressed-tensors' ``config_groups.*.weights.group_size``
+    (strategy ``group``), GPTQ's / AWQ's ``group_size`` (AWQ's older ``q_group_size``); () when it names none
+    or is not an int4 config."""
+    method = str(qc.get("quant_method"))
+    sizes: tuple[int, ...] = ()
+    if method == "compressed-tensors":
+        for name, scheme in (qc.get("config_groups") or {}).items():
+            weights = scheme.get("weights") or {} if isinstance(scheme, dict) else {}
+            if weights.get("strategy") == "group":
+                sizes += _group_size(weights.get("group_size"), where, f"config_groups.{name}.weights.group_size")
+    elif method in ("gptq", "awq"):
+        field = "q_group_size" if "group_size" not in qc and "q_group_size" in qc else "group_size"
+        sizes = _group_size(qc.get(field), where, field)
+    return tuple(sorted(set(sizes)))

@@ -58,17 +58,28 @@ def expect_int32(ckpt, key: str, what: str) -> None:
 
 
 def group_of(ckpt, scale_key: str, k: int, groups: int) -> int:
-    """The group size of a weight with ``k`` inputs whose scale has ``groups`` groups: the smallest power of two
-    >= 32 (or k itself) with ceil(k / group) == groups; ValueError naming ``scale_key`` if none."""
+    """The group size of a weight with ``k`` inputs whose scale has ``groups`` groups: k itself for one group,
+    else the one the checkpoint's quantization_config names (``ckpt.int4_group_sizes``) with
+    ceil(k / group) == groups, or without one the smallest power of two >= 32 that fits; ValueError naming
+    ``scale_key`` if none does (a config's group size that does not fit the scales is not guessed around)."""
     if groups == 1:
         return k
+    named = ckpt.int4_group_sizes
+    if named:
+        for g in named:
+            if cdiv(k, g) == groups:
+                return g
+        raise ValueError(f"{scale_key}: {groups} groups over k={k} inputs in {ckpt.path}, but the "
+                         f"quantization_config's group_size {', '.join(map(str, named))} gives "
+                         f"{', '.join(str(cdiv(k, g)) for g in named)} (ceil(k / group_size))")
     g = 32
     while g < k:
         if cdiv(k, g) == groups:
             return g
         g *= 2
     raise ValueError(f"{scale_key}: {groups} groups over k={k} inputs fit no group size (a power of two >= 32 with "
-                     f"ceil(k / group) == {groups}) in {ckpt.path}")
+                     f"ceil(k / group) == {groups}; the directory has no quantization_config naming one) in "
+                     f"{ckpt.path}")
 
 
 def read_g_idx(ckpt, key: str, k: int, groups: int) -> torch.Tensor:

@@ -2,30 +2,60 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import os
 
 import torch
+
+from .files import open_safetensors, read_json
+from .int4_config import config_group_sizes
+
+INDEX = "model.safetensors.index.json"
+
+
+def index_weight_map(path: str):
+    """key -> shard name (relative to ``path``) of ``path``'s index, None without one; ValueError naming the
+    index for a malformed ``weight_map`` or a shard name that leaves the directory (absolute, ``..``)."""
+    index = os.path.join(path, INDEX)
+    if not os.path.lexists(index):
+        return None
+    weight_map = read_json(index)
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: no weight_map object (the key -> shard file map of a sharded checkpoint)")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not _inside(name):
+            raise ValueError(f"{index}: weight_map[{key!r}] = {name!r} is not a file inside the checkpoint directory "
+                             f"{path!r} (shards are named relative to it, without '..')")
+    return weight_map
+
+
+def _inside(name: str) -> bool:
+    """``name``, as written, names a file inside the directory: not empty, relative, no ``..`` out of it."""
+    return (bool(name) and "\0" not in name and not os.path.isabs(name)
+            and os.path.normpath(name).split(os.sep)[0] not in ("..", "."))
+
+
+def index_shard_names(path: str) -> list[str]:
+    """The shard files ``path``'s index names (relative to ``path``, sorted); [] without an index."""
+    return sorted(set((index_weight_map(path) or {}).values()))
 
 
 class SafetensorsCheckpoint:
     """Key -> shard index over a directory of safetensors files, with lazily opened handles.
 
-    The shards come from ``model.safetensors.index.json`` when it exists, else from every
-    ``*.safetensors`` file of the directory. Use as a context manager or call :meth:`close`.
+    The shards come from ``model.safetensors.index.json`` when it exists (each inside the directory,
+    :func:`index_weight_map`), else from every ``*.safetensors`` file of the directory. Every file is
+    opened through :func:`~.files.open_regular` (a FIFO is a ValueError naming it, never a hang). Use as a
+    context manager or call :meth:`close`.
     """
 
     def __init__(self, path):
-        from safetensors import safe_open
-
         self.path = os.fspath(path)
-        self._safe_open = safe_open
         self._stack = contextlib.ExitStack()
         self._handles: dict[str, object] = {}
-        index = os.path.join(self.path, "model.safetensors.index.json")
-        if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
+        weight_map = index_weight_map(self.path)
+        if weight_map is not None:
             self.key_to_file = {k: os.path.join(self.path, v) for k, v in weight_map.items()}
         else:
             files = sorted(f for f in os.listdir(self.path) if f.endswith(".safetensors"))
@@ -37,10 +67,23 @@ class SafetensorsCheckpoint:
                 for k in self._open(full).keys():
                     self.key_to_file[k] = full
 
+    @functools.cached_property
+    def quantization_config(self) -> dict:
+        """The quantization_config of the directory's ``config.json`` ({} without either)."""
+        config = os.path.join(self.path, "config.json")
+        qc = read_json(config) if os.path.lexists(config) else None
+        qc = qc.get("quantization_config") if isinstance(qc, dict) else None
+        return qc if isinstance(qc, dict) else {}
+
+    @functools.cached_property
+    def int4_group_sizes(self) -> tuple[int, ...]:
+        """The int4 group sizes the quantization_config names (:func:`~.int4_config.config_group_sizes`)."""
+        return config_group_sizes(self.quantization_config, os.path.join(self.path, "config.json"))
+
     def _open(self, file: str):
         h = self._handles.get(file)
         if h is None:
-            h = self._stack.enter_context(self._safe_open(file, framework="pt", device="cpu"))
+            h = self._stack.enter_context(open_safetensors(file))
             self._handles[file] = h
         return h
 

@@ -12,10 +12,10 @@ A symlink leading anywhere else is refused.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..cache import CACHE_SUFFIX
+from ..checkpoint.files import read_json
 from ..ops import WEIGHT_FORMATS
 
 MANIFEST = "ktmoe_packed.json"
@@ -104,8 +104,7 @@ def read_manifest(path) -> dict:
     """The checked manifest of packed directory ``path`` (PackedDirError naming the file and field otherwise)."""
     file = confined(path, MANIFEST, "manifest")
     try:
-        with open(file, "rb") as f:
-            manifest = json.loads(f.read())
+        manifest = read_json(file)  # the checkpoint files' opener: a FIFO is refused, never waited on
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise PackedDirError(f"{file}: not a readable JSON manifest ({type(e).__name__}: {e})") from None
     if not isinstance(manifest, dict):

@@ -11,7 +11,6 @@ that says so.
 """
 from __future__ import annotations
 
-import json
 import os
 
 from ..checkpoint import INT4_QUANT_METHODS, MOE_BLOCK_NAMES, Int4Experts, SafetensorsCheckpoint, check_int4_config, find_experts
@@ -39,16 +38,12 @@ def layer_experts(ckpt: SafetensorsCheckpoint, layer_idx: int, hidden_size: int,
     prefixes = [f"{lp.format(L=layer_idx)}.{en}" for lp in LAYER_PREFIXES for en in EXPERTS_NAMES]
     reader = find_experts(ckpt, prefixes, hidden_size, intermediate_size, what=f"layer {layer_idx}")
     if isinstance(reader, Int4Experts):
-        check_int4_checkpoint_config(ckpt.path)
+        check_int4_checkpoint_config(ckpt)
     return reader
 
 
-def check_int4_checkpoint_config(path: str) -> None:
-    """The int4 quantization_config of ``path``/config.json, if there is one, is read by torch_ktmoe."""
-    config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        return
-    with open(config) as f:
-        qc = json.load(f).get("quantization_config")
-    if isinstance(qc, dict) and qc.get("quant_method") in INT4_QUANT_METHODS:
-        check_int4_config(qc, config)
+def check_int4_checkpoint_config(ckpt: SafetensorsCheckpoint) -> None:
+    """The int4 quantization_config of the checkpoint's config.json, if there is one, is read by torch_ktmoe."""
+    qc = ckpt.quantization_config
+    if qc.get("quant_method") in INT4_QUANT_METHODS:
+        check_int4_config(qc, os.path.join(ckpt.path, "config.json"))
