@@ -87,7 +87,7 @@ def test_other_cases_go_to_sdpa_unchanged(case, monkeypatch):
 @torch.no_grad()
 def test_patched_model_switches_and_generates_the_same_tokens():
     model = make_model("qwen3_moe")
-    hf.patch_model(model)
+    hf.patch_model(model, decode_attention=False)
     assert model.config._attn_implementation == "sdpa"
     ids, mask = PROMPT, torch.ones_like(PROMPT)
     before = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -109,7 +109,7 @@ def test_other_attention_implementations_are_left_alone():
 def test_compile_decode_uses_it():
     torch._dynamo.reset()
     model = make_model("qwen3_moe")
-    hf.patch_model(model)
+    hf.patch_model(model, decode_attention=False)
     hf.compile_decode(model, max_cache_len=32, backend="aot_eager")
     assert model.config._attn_implementation == NAME
     torch._dynamo.reset()

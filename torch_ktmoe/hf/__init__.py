@@ -52,6 +52,7 @@ warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
 """
 
 from .compiled import CompiledDecode, CompileDecodeError, compile_decode
+from .decode_attention import register as register_decode_attention
 from .decode_attention import use_decode_attention
 from .dense_linears import PackedLinears, pack_linears
 from .experts import (
@@ -104,3 +105,4 @@ __all__ = [
 ]
 
 register_experts_implementation("ktmoe")
+register_decode_attention()  # "ktmoe_decode": so that a model switched to it also runs where it is unpickled
