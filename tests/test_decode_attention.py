@@ -113,3 +113,16 @@ def test_compile_decode_uses_it():
     hf.compile_decode(model, max_cache_len=32, backend="aot_eager")
     assert model.config._attn_implementation == NAME
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_models_that_test_for_sdpa_by_name_stay_on_it(model_type):
+    """Their sparse indexers fold the selection into the mask only under "eager" / "sdpa": under another name
+    it would be passed as indices that neither decode attention nor SDPA reads (wrong logits)."""
+    from tests.test_hf_families import tiny_model
+
+    model = tiny_model(model_type)
+    report = hf.patch_model(model)
+    assert hf.use_decode_attention(model) is False and model.config._attn_implementation == "sdpa"
+    assert f"modeling_{model_type} tests for 'sdpa' by name" in report.defaults_left["decode_attention"]
+    assert not report.decode_attention

@@ -13,7 +13,7 @@ Each default is applied where it keeps the model's outputs within its dtype's ro
 * ``decode_attention=True``: :func:`~torch_ktmoe.hf.use_decode_attention`, for a model on ``"sdpa"``
   attention in any dtype: one-token decode as grouped matmuls in fp32, rounded once to the model's dtype
   (SDPA's results within that rounding: ``tests/test_decode_attention.py``). Other attention
-  implementations are left as they are.
+  implementations, and models whose code tests for ``"sdpa"`` by name, are left as they are.
 
 The :class:`~torch_ktmoe.hf.PatchReport` says what was done (``linears``, ``decode_attention``) and why a
 default was not applied (``defaults_left``).
@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .decode_attention import NAME as DECODE_ATTENTION, use_decode_attention
+from .decode_attention import NAME as DECODE_ATTENTION
+from .decode_attention import decode_attention_refusal, use_decode_attention
 from .dense_linears import pack_linears as pack_dense_linears
 from .patch import PatchReport, model_dtype
 
@@ -43,10 +44,10 @@ def linears_refusal(model: nn.Module) -> str | None:
 
 def switch_attention(model: nn.Module) -> str | None:
     """Switches ``model`` to decode attention; returns why it did not, or None."""
-    if use_decode_attention(model):
-        return None
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return f"attention {impl!r} left as it is ({DECODE_ATTENTION!r} replaces 'sdpa' only)"
+    reason = decode_attention_refusal(model)
+    if reason is None and not use_decode_attention(model):
+        reason = f"transformers did not switch {type(model).__name__} to {DECODE_ATTENTION!r}"
+    return reason
 
 
 def apply_defaults(model: nn.Module, report: PatchReport, *, pack_linears: bool, decode_attention: bool) -> None:
