@@ -57,6 +57,13 @@ def bf16_reference():
     return sequence(wide_model())
 
 
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("defaults") / "src"
+    wide_model().save_pretrained(path)
+    return path
+
+
 def test_bf16_patch_model_packs_and_switches(bf16_reference):
     model = wide_model()
     report = hf.patch_model(model)
@@ -81,9 +88,13 @@ def test_each_switch_alone(switch):
     assert report.decode_attention == (switch != "decode_attention")
 
 
-def test_switches_must_be_bools():
+def test_switches_must_be_bools(bf16_checkpoint):
+    model = wide_model()
     with pytest.raises(TypeError, match="pack_linears must be True or False"):
-        hf.patch_model(wide_model(), pack_linears="no")
+        hf.patch_model(model, pack_linears="no")
+    assert not any(isinstance(m, hf.KTMoEExperts) for m in model.modules())  # refused before patching
+    with pytest.raises(TypeError, match="decode_attention must be True or False"):
+        hf.from_pretrained(bf16_checkpoint, decode_attention=None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -132,13 +143,6 @@ def test_compile_decode_on_a_defaulted_model():
     compiled = hf.compile_decode(model, max_cache_len=32, backend="aot_eager")
     assert torch.equal(sequence(model), eager) and compiled.graphs == 1
     torch._dynamo.reset()
-
-
-@pytest.fixture(scope="module")
-def bf16_checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("defaults") / "src"
-    wide_model().save_pretrained(path)
-    return path
 
 
 def test_from_pretrained_defaults_and_switches(bf16_checkpoint, bf16_reference):

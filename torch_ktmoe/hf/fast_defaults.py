@@ -4,7 +4,8 @@ Each default is applied where it keeps the model's outputs within its dtype's ro
 
 * ``pack_linears=True``: :func:`~torch_ktmoe.hf.pack_linears` over the bf16 layers of a **bf16** model. The
   packed weight holds the same bf16 values and the gemm takes bf16 activations, summing in fp32 as torch
-  does, so greedy tokens equal torch's linears' (``tests/test_hf_defaults.py``). In an fp32 or fp16 model
+  does: the outputs differ from torch's by summation order, and greedy tokens are equal
+  (``tests/test_hf_defaults.py``). In an fp32 or fp16 model
   packing would round weights and activations to bf16, so its linears stay torch's (an explicit
   ``pack_linears(model)`` packs them). A checkpoint's FP8 / int4 dense weights are dequantized into the
   model's dtype when it loads (:mod:`.fp8_dense`, :mod:`.int4_dense`): in a bf16 model they are bf16
@@ -28,7 +29,7 @@ from .decode_attention import decode_attention_refusal, use_decode_attention
 from .dense_linears import pack_linears as pack_dense_linears
 from .patch import PatchReport, model_dtype
 
-__all__ = ["apply_defaults"]
+__all__ = ["apply_defaults", "check_switches"]
 
 PACKED_DTYPE = torch.bfloat16  # the dtype whose layers pack without changing their values
 
@@ -50,12 +51,16 @@ def switch_attention(model: nn.Module) -> str | None:
     return reason
 
 
+def check_switches(**switches) -> None:
+    """TypeError unless each switch (``pack_linears=``, ``decode_attention=``) is a bool; loaders call it first."""
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def apply_defaults(model: nn.Module, report: PatchReport, *, pack_linears: bool, decode_attention: bool) -> None:
     """Pack ``model``'s dense linears and switch its attention to decode attention where each keeps the
     outputs within the model dtype's rounding (module docstring); record both in ``report``."""
-    for name, value in (("pack_linears", pack_linears), ("decode_attention", decode_attention)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
     reason = "pack_linears=False" if not pack_linears else linears_refusal(model)
     if reason is None:
         report.linears = pack_dense_linears(model, dtypes=(PACKED_DTYPE,))

@@ -209,7 +209,9 @@ def patch_model(
     models pack, fp32 / fp16 ones keep torch's linears). The report says what was applied and why not;
     it is also stored as ``model.ktmoe_report``.
     """
-    from .fast_defaults import apply_defaults  # it imports this module
+    from .fast_defaults import apply_defaults, check_switches  # it imports this module
+
+    check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     blocks, refused = find_experts_blocks(model)
     if refused and strict:
         raise refusal_error(model, refused)

@@ -23,7 +23,7 @@ from ..checkpoint import (INT4_QUANT_METHODS, SafetensorsCheckpoint, check_int4_
 from ..memory import release_free_heap
 from . import packed_dir
 from .experts import experts_dims
-from .fast_defaults import apply_defaults
+from .fast_defaults import apply_defaults, check_switches
 from .fp8_dense import dequantize_loaded_fp8, is_scale_key
 from .int4_dense import dequantize_loaded_int4, int4_modules, is_int4_key
 from .load_hook import before_and_after_weight_loading
@@ -278,6 +278,7 @@ def from_pretrained(
     ``pack_linears`` / ``decode_attention``: as :func:`~torch_ktmoe.hf.patch_model`'s, applied after the
     experts (by default, where they keep the outputs within the model dtype's rounding: :mod:`.fast_defaults`).
     """
+    check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
                                            hf_kwargs)
     packed = packed_dir.packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir,
