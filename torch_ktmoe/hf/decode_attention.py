@@ -15,9 +15,9 @@ dropout, soft-capping, position bias, attention sinks, returned weights) goes to
 ``use_decode_attention(model)`` switches a model whose attention is ``"sdpa"`` (transformers' default)
 to it; :func:`torch_ktmoe.hf.compile_decode` and, by default, ``patch_model`` / ``from_pretrained`` do so
 themselves. A model whose modeling code tests for ``"sdpa"`` by name stays on SDPA
-(:func:`decode_attention_refusal`): DeepSeek-V3.2's and GLM-5's sparse indexers, for one, fold their
-selection into the mask only under ``"eager"`` / ``"sdpa"`` and hand it to any other attention as
-``indices``, which neither this function nor SDPA reads.
+(:func:`decode_attention_refusal`): the sparse indexers of DeepSeek-V3.2, ``glm_moe_dsa`` and AXK-2, for
+one, fold their selection into the mask only under ``"eager"`` / ``"sdpa"`` and hand it to any other
+attention as ``indices``, which neither this function nor SDPA reads.
 """
 from __future__ import annotations
 
