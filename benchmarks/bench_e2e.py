@@ -14,8 +14,10 @@ Qwen3-MoE, ``ktmoe_harness.checkpoint``: 8 layers, hidden 1024, 32 experts) and 
 * ``compiled``: after ``hf.compile_decode(model, max_cache_len=prompt + tokens)`` (static cache,
   decode step compiled with ``fullgraph=True``; ``--backend``, default inductor).
 
-``--pack-linears`` (both modes; off by default) first runs the model's dense layers outside the experts
-(attention projections, lm_head) through ktmoe's bf16 gemm: ``hf.pack_linears(model)`` after loading (for
+The model loads with ``hf.from_pretrained(..., pack_linears=False, decode_attention=False)``: torch's linears and
+SDPA, whatever the library's defaults. ``--pack-linears`` (both modes; off by default) first runs the model's
+dense layers outside the experts (attention projections, lm_head) through ktmoe's bf16 gemm:
+``hf.pack_linears(model)`` after loading (for
 scaleN, in each of ours' child processes: ``KTMOE_SCALE_PACK_LINEARS=1``, read by
 benchmarks/scale/decode_ours.py). ``--decode-attention`` (scaleN) also switches ours' eager runs to
 ``hf.use_decode_attention(model)`` (``KTMOE_SCALE_DECODE_ATTENTION=1``): the attention ``compile_decode``
@@ -112,7 +114,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     work = make_workdir(args, "ktmoe-bench-e2e-")
     try:
-        model, load_s = load_timed(checkpoint_for(args, work), None, args.format)
+        model, load_s = load_timed(checkpoint_for(args, work), None, args.format, pack_linears=False,
+                                   decode_attention=False)
         if args.pack_linears:
             packed = hf.pack_linears(model)
             print(f"pack_linears: {packed.replaced} layers, {packed.packed_bytes / 2**20:.1f} MiB packed", flush=True)

@@ -3,7 +3,9 @@
     python examples/patch_hf_model.py [--mmap-experts-dir DIR]
 
 Builds a 2-layer Qwen3-MoE from a config, generates greedily, patches it with
-torch_ktmoe.hf.patch_model and generates again: same tokens, dense experts gone.
+torch_ktmoe.hf.patch_model and generates again: same tokens, dense experts gone. The model is fp32, so
+patch_model's defaults switch its attention to decode attention but leave its linears to torch (the
+report says why).
 """
 import argparse
 import os
@@ -35,6 +37,8 @@ print(model.model.layers[0].mlp)
 print(f"patched layers {report.layers_patched} ({report.replaced_classes}), "
       f"packed {report.packed_bytes / 2**10:.0f} KiB, file-backed {report.file_backed_bytes / 2**10:.0f} KiB, "
       f"dense freed {report.dense_bytes_freed / 2**10:.0f} KiB")
+print(f"dense linears packed: {report.linears.replaced if report.linears else 0}, decode attention: "
+      f"{report.decode_attention}, defaults not applied: {report.defaults_left or 'none'}")
 print(f"parameters: {param_mib:.2f} MiB -> "
       f"{sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20:.2f} MiB")
 print("tokens before:", before[0].tolist())

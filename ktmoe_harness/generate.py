@@ -25,15 +25,16 @@ class TokenClock:
         pass
 
 
-def load_timed(checkpoint, experts_dir, weight_format, progress=False):
-    """(model, seconds) of hf.from_pretrained(checkpoint) in bf16; experts_dir None: anonymous experts."""
+def load_timed(checkpoint, experts_dir, weight_format, progress=False, **options):
+    """(model, seconds) of hf.from_pretrained(checkpoint) in bf16; experts_dir None: anonymous experts;
+    ``options``: more keywords of hf.from_pretrained (e.g. ``pack_linears=False``)."""
     import torch
 
     from torch_ktmoe import hf
 
     t0 = time.perf_counter()
     model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir, weight_format=weight_format,
-                               dtype=torch.bfloat16, progress=progress)
+                               dtype=torch.bfloat16, progress=progress, **options)
     return model, time.perf_counter() - t0
 
 

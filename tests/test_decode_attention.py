@@ -87,7 +87,7 @@ def test_other_cases_go_to_sdpa_unchanged(case, monkeypatch):
 @torch.no_grad()
 def test_patched_model_switches_and_generates_the_same_tokens():
     model = make_model("qwen3_moe")
-    hf.patch_model(model)
+    hf.patch_model(model, decode_attention=False)
     assert model.config._attn_implementation == "sdpa"
     ids, mask = PROMPT, torch.ones_like(PROMPT)
     before = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -109,7 +109,20 @@ def test_other_attention_implementations_are_left_alone():
 def test_compile_decode_uses_it():
     torch._dynamo.reset()
     model = make_model("qwen3_moe")
-    hf.patch_model(model)
+    hf.patch_model(model, decode_attention=False)
     hf.compile_decode(model, max_cache_len=32, backend="aot_eager")
     assert model.config._attn_implementation == NAME
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_models_that_test_for_sdpa_by_name_stay_on_it(model_type):
+    """Their sparse indexers fold the selection into the mask only under "eager" / "sdpa": under another name
+    it would be passed as indices that neither decode attention nor SDPA reads (wrong logits)."""
+    from tests.test_hf_families import tiny_model
+
+    model = tiny_model(model_type)
+    report = hf.patch_model(model)
+    assert hf.use_decode_attention(model) is False and model.config._attn_implementation == "sdpa"
+    assert f"modeling_{model_type} tests for 'sdpa' by name" in report.defaults_left["decode_attention"]
+    assert not report.decode_attention

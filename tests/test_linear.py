@@ -218,6 +218,24 @@ def test_pack_linears_skips_small_layers_and_experts():
         hf.pack_linears(model, min_bytes=-1)
 
 
+def test_pack_linears_packs_the_dtypes_given():
+    model = make_model("qwen3_moe")
+    report = hf.pack_linears(model, min_bytes=0, dtypes=(torch.bfloat16,))
+    assert report.replaced == 0 and not report.routers
+    reason = "weight dtype torch.float32 (packs bf16)"
+    assert report.skipped["lm_head"] == report.skipped["model.layers.0.mlp.gate"] == reason
+    for bad in ((), (torch.int8,)):
+        with pytest.raises(ValueError, match="dtypes must be a non-empty selection"):
+            hf.pack_linears(model, dtypes=bad)
+
+
+def test_pack_linears_twice_packs_nothing_twice():
+    model, first = patched_and_packed()
+    again = hf.pack_linears(model, min_bytes=0)
+    assert first.replaced == 9 and len(first.routers) == 2
+    assert again.replaced == 0 and not again.routers and not again.skipped
+
+
 def test_pack_linears_leaves_subclasses_of_linear():
     """nn.MultiheadAttention reads its out_proj's weight itself (out_proj is a subclass of nn.Linear)."""
     model = nn.ModuleDict(dict(attn=nn.MultiheadAttention(64, 4), proj=nn.Linear(64, 64)))

@@ -201,7 +201,8 @@ def pack(args) -> int:
     try:
         model = hf.from_pretrained(checkpoint, mmap_experts_dir=args.dir, weight_format=args.format,
                                    cache="rebuild", progress=not args.quiet,
-                                   ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None)
+                                   ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None,
+                                   pack_linears=False, decode_attention=False)  # only the experts' files count
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         if created:
             shutil.rmtree(args.dir, ignore_errors=True)

@@ -3,8 +3,9 @@ benchmarks/bench_scale.py. Run as a child process (under a memory cgroup or not)
 
     python -m benchmarks.scale.decode_ours PACKED_DIR ROUTING THREADS TOKENS [--anon-pack N]
 
-hf.from_pretrained(PACKED_DIR) maps every layer's experts from their files (nothing is packed, nothing
-is read up front); attention and the KV cache are transformers' own (DynamicCache). Tokens are fed
+hf.from_pretrained(PACKED_DIR, pack_linears=False, decode_attention=False) maps every layer's experts from
+their files (nothing is packed, nothing is read up front); the dense layers, attention and the KV cache are
+transformers' own (DynamicCache) unless the variables below say otherwise. Tokens are fed
 one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
 seeded sequence, as in the llama.cpp harness, so the router sees the same kind of inputs in both.
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
@@ -71,7 +72,8 @@ def load_model(path: str, routing: str):
 
     dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
-    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
+    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False},
+                               pack_linears=False, decode_attention=False)
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
     if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":

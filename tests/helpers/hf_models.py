@@ -86,11 +86,15 @@ def _configs():
 KINDS = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"]
 
 
-def make_model(kind: str) -> nn.Module:
+def make_model(kind: str, **config) -> nn.Module:
+    """``kind``'s tiny fp32 model; ``config``: attributes of its config to change (e.g. ``hidden_size``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(_configs()[kind](), dtype=torch.float32)
+    cfg = _configs()[kind]()
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval()
 
 

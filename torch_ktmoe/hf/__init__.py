@@ -2,22 +2,27 @@
 
 Entry points:
 
-``patch_model(model, *, mmap_experts_dir=None, weight_format="bf16", ...) -> PatchReport``
+``patch_model(model, *, mmap_experts_dir=None, weight_format="bf16", pack_linears=True, ...) -> PatchReport``
     Finds every experts block of a loaded model, packs its weights into a
     :class:`torch_ktmoe.KTMoE` (``layer_idx`` = decoder layer index), puts a
     :class:`KTMoEExperts` in its place and frees the dense ``gate_up_proj``/``down_proj``
     parameters (:mod:`.patch`).
 
-``from_pretrained(path, *, mmap_experts_dir=None, weight_format="bf16", dtype=None, ...)``
+``from_pretrained(path, *, mmap_experts_dir=None, weight_format="bf16", dtype=None, pack_linears=True, ...)``
     Builds the model with transformers, swapping the experts modules for empty
     ``KTMoEExperts`` before any weight loads, and streams each layer's experts out of the
     safetensors shards into KTMoE, one expert at a time (:mod:`.streaming`).
+
+    Both then, by default, run ``pack_linears`` (bf16 models) and ``use_decode_attention``
+    (models on ``"sdpa"``) where these keep the outputs within the model dtype's rounding
+    (``pack_linears=False`` / ``decode_attention=False`` turn them off); the report says what
+    was applied and why not (:mod:`.fast_defaults`).
 
 ``save_packed(model, DIR)`` / ``from_pretrained(DIR)``
     A packed model directory: config, non-expert safetensors and the packed experts as
     cache files, loaded without the source checkpoint (:mod:`.packed_dir`).
 
-``pack_linears(model, *, min_bytes=64 KiB, tied=True) -> PackedLinears``
+``pack_linears(model, *, min_bytes=64 KiB, tied=True, routers=True, dtypes=(fp32, bf16, fp16)) -> PackedLinears``
     Replaces the dense ``nn.Linear`` layers outside the experts (attention projections, shared experts,
     lm_head) by :class:`torch_ktmoe.linear.KTLinear`: the same bf16 gemm as the experts (:mod:`.dense_linears`).
 
@@ -28,6 +33,7 @@ Entry points:
 ``use_decode_attention(model) -> bool``
     Switches a model on ``"sdpa"`` attention to ``"ktmoe_decode"``: single-token decode as grouped fp32
     matmuls over the key/value heads, everything else SDPA (:mod:`.decode_attention`; compile_decode does it).
+    Importing this package registers ``"ktmoe_decode"`` with transformers.
 
 experts implementation ``"ktmoe"``
     Importing this package registers ``"ktmoe"`` in transformers' ``ExpertsInterface``, so
@@ -52,6 +58,7 @@ warning), ``copy.deepcopy`` shares the packed experts, and a backward raises
 """
 
 from .compiled import CompiledDecode, CompileDecodeError, compile_decode
+from .decode_attention import register as register_decode_attention
 from .decode_attention import use_decode_attention
 from .dense_linears import PackedLinears, pack_linears
 from .experts import (
@@ -104,3 +111,4 @@ __all__ = [
 ]
 
 register_experts_implementation("ktmoe")
+register_decode_attention()  # "ktmoe_decode": so that a model switched to it also runs where it is unpickled

@@ -11,8 +11,9 @@ runs:
   one graph serves every token of every call whose prompt plus new tokens fit in ``max_cache_len``.
   The ktmoe ops are ``torch.library`` custom ops with fake kernels: they sit inside that graph.
   A model on transformers' default ``"sdpa"`` attention is switched to ``"ktmoe_decode"``
-  (:mod:`.decode_attention`): the decode step's attention as grouped matmuls over the cache's
-  key/value heads instead of SDPA over a ``repeat_kv`` copy of the whole static cache.
+  (:mod:`.decode_attention`, unless its code tests for ``"sdpa"`` by name): the decode step's attention
+  as grouped matmuls over the cache's key/value heads instead of SDPA over a ``repeat_kv`` copy of the
+  whole static cache. ``patch_model`` / ``from_pretrained`` have usually switched it already.
 
 Transformers does all of this itself (``cache_implementation="static"``, ``GenerationConfig.
 max_cache_len``, ``compile_config``) but compiles only on CUDA-like devices by default; the

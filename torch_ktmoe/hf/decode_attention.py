@@ -13,14 +13,25 @@ dropout, soft-capping, position bias, attention sinks, returned weights) goes to
 ``sdpa_attention_forward`` unchanged, and masks are built as for ``"sdpa"``.
 
 ``use_decode_attention(model)`` switches a model whose attention is ``"sdpa"`` (transformers' default)
-to it; :func:`torch_ktmoe.hf.compile_decode` does so itself.
+to it; :func:`torch_ktmoe.hf.compile_decode` and, by default, ``patch_model`` / ``from_pretrained`` do so
+themselves. A model whose modeling code tests for ``"sdpa"`` by name stays on SDPA
+(:func:`decode_attention_refusal`): the sparse indexers of DeepSeek-V3.2, ``glm_moe_dsa`` and AXK-2, for
+one, fold their selection into the mask only under ``"eager"`` / ``"sdpa"`` and hand it to any other
+attention as ``indices``, which neither this function nor SDPA reads.
 """
 from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
 
 import torch
 from torch import nn
 
 NAME = "ktmoe_decode"
+# a test of the attention implementation's name against "sdpa" (==, !=, in, not in), on one line
+_TESTS_FOR_SDPA = re.compile(r"""_attn_implementation\s*(?:[!=]=|(?:not\s+)?in\b)\s*[^\n]*["']sdpa["']""")
 # keyword arguments that change the attention itself (SDPA handles them or refuses them by name); others
 # (sliding_window, is_causal, position_ids, ...) are already in the mask or mean nothing for one query
 _SDPA_ONLY = ("softcap", "position_bias", "s_aux", "sinks", "output_attentions")
@@ -65,15 +76,41 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
+@functools.cache
+def _tests_for_sdpa(module_name: str) -> bool:
+    try:
+        source = inspect.getsource(sys.modules[module_name])
+    except (KeyError, OSError, TypeError):
+        return False
+    return _TESTS_FOR_SDPA.search(source) is not None
+
+
+def decode_attention_refusal(model: nn.Module) -> str | None:
+    """Why :func:`use_decode_attention` leaves ``model`` as it is, or None (it switches, or has switched)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl == NAME:
+        return None
+    if impl != "sdpa":
+        return f"attention {impl!r} left as it is ({NAME!r} replaces 'sdpa' only)"
+    if not hasattr(model, "set_attn_implementation"):
+        return f"{type(model).__name__} cannot switch its attention (no set_attn_implementation)"
+    modules = sorted({type(m).__module__ for m in model.modules()} - {None})
+    testing = [m for m in modules if not m.startswith(("torch.", "torch_ktmoe.")) and _tests_for_sdpa(m)]
+    if testing:
+        return (f"attention left 'sdpa': {testing[0]} tests for 'sdpa' by name, so under {NAME!r} its attention "
+                f"would compute something else")
+    return None
+
+
 def use_decode_attention(model: nn.Module) -> bool:
     """Switch ``model`` (a transformers model) from ``"sdpa"`` attention to ``"ktmoe_decode"``: the same
-    results, single-token decode as grouped matmuls. Returns whether it switched; a model on another
-    attention (eager, flash, flex, a kernel) or one that cannot switch dynamically is left as it is."""
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == NAME:
-        return True
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    results, single-token decode as grouped matmuls. Returns whether it switched (or already had); a model
+    on another attention (eager, flash, flex, a kernel), one that cannot switch dynamically and one whose
+    code tests for ``"sdpa"`` by name are left as they are (:func:`decode_attention_refusal` says why)."""
+    if decode_attention_refusal(model) is not None:
         return False
+    if model.config._attn_implementation == NAME:
+        return True
     register()
     model.set_attn_implementation(NAME)
-    return config._attn_implementation == NAME
+    return model.config._attn_implementation == NAME

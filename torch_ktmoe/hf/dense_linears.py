@@ -27,12 +27,13 @@ import torch.nn as nn
 
 from ..linear import KTLinear
 from .experts import KTMoEExperts, looks_like_experts
-from .packed_router import pack_router, router_refusal
+from .packed_router import is_packed_router, pack_router, router_refusal
 from .patch import DENSE_DTYPES, set_submodule
 
 __all__ = ["pack_linears", "PackedLinears", "DEFAULT_MIN_BYTES"]
 
 DEFAULT_MIN_BYTES = 64 << 10  # dense weight bytes below which a layer stays an nn.Linear
+SHORT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -52,12 +53,20 @@ class PackedLinears:
         return len(self.module_names)
 
 
-def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool) -> str | None:
+def _dtype_refusal(weight: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> str | None:
+    if weight.dtype in dtypes:
+        return None
+    return f"weight dtype {weight.dtype} (packs {' / '.join(SHORT_NAMES[d] for d in dtypes)})"
+
+
+def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool,
+                 dtypes: tuple[torch.dtype, ...]) -> str | None:
     if type(linear) is not nn.Linear:  # e.g. nn.MultiheadAttention's out_proj, whose weight its owner reads
         return f"{type(linear).__name__} is a subclass of nn.Linear (its owner may read .weight)"
     weight = linear.weight
-    if weight.dtype not in DENSE_DTYPES:
-        return f"weight dtype {weight.dtype} (packs fp32 / bf16 / fp16)"
+    reason = _dtype_refusal(weight, dtypes)
+    if reason is not None:
+        return reason
     if weight.device.type != "cpu":
         return f"weight on {weight.device} (ktmoe runs on the CPU)"
     nbytes = weight.numel() * weight.element_size()
@@ -74,19 +83,36 @@ def _is_router(module: nn.Module) -> bool:
             and isinstance(weight, torch.Tensor) and weight.dim() == 2)
 
 
+def _router_skip_reason(router: nn.Module, min_bytes: int, dtypes: tuple[torch.dtype, ...]) -> str | None:
+    nbytes = router.weight.numel() * router.weight.element_size()
+    if nbytes < min_bytes:
+        return f"{nbytes} weight bytes < min_bytes {min_bytes}"
+    return _dtype_refusal(router.weight, dtypes) or router_refusal(router)
+
+
+def _check_dtypes(dtypes) -> tuple[torch.dtype, ...]:
+    dtypes = tuple(dtypes)
+    if not dtypes or any(d not in DENSE_DTYPES for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty selection of {DENSE_DTYPES}, got {dtypes!r}")
+    return dtypes
+
+
 def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = True,
-                 routers: bool = True) -> PackedLinears:
+                 routers: bool = True, dtypes=DENSE_DTYPES) -> PackedLinears:
     """Replace ``model``'s dense ``nn.Linear`` layers outside its experts blocks by :class:`KTLinear`.
 
     ``min_bytes``: layers with fewer dense weight bytes stay ``nn.Linear`` (0: pack all). ``tied``: also pack
     layers whose weight an ``nn.Embedding`` shares (the embedding keeps it: memory grows by the packed copy).
     ``routers``: also run the routers' logits packed (the router keeps its module, forward and weight).
-    Outputs change by the rounding of weights and activations to bf16 (products summed in fp32), as the
-    experts' ``"bf16"`` format. Returns a :class:`PackedLinears`. Call it after ``patch_model`` /
-    ``from_pretrained`` and before ``compile_decode``'s first ``generate``.
+    ``dtypes``: the weight dtypes packed (a layer of another dtype is skipped; ``patch_model`` and
+    ``from_pretrained`` pack bf16 only). Layers and routers already packed stay as they are: a second call
+    changes nothing and reports none of them. Outputs change by the rounding of weights and activations to
+    bf16 (products summed in fp32), as the experts' ``"bf16"`` format. Returns a :class:`PackedLinears`.
+    Call it after ``patch_model`` / ``from_pretrained`` and before ``compile_decode``'s first ``generate``.
     """
     if not isinstance(min_bytes, int) or min_bytes < 0:
         raise ValueError(f"min_bytes must be a non-negative int, got {min_bytes!r}")
+    dtypes = _check_dtypes(dtypes)
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     report = PackedLinears()
     experts_prefixes: list[str] = []
@@ -100,11 +126,11 @@ def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: 
             continue
         if isinstance(module, nn.Linear):
             targets.append((name, module))
-        elif routers and _is_router(module):
+        elif routers and _is_router(module) and not is_packed_router(module):
             router_targets.append((name, module))
     for name, linear in targets:
         is_tied = id(linear.weight) in embedding_weights
-        reason = _skip_reason(linear, min_bytes, tied, is_tied)
+        reason = _skip_reason(linear, min_bytes, tied, is_tied, dtypes)
         if reason is not None:
             report.skipped[name] = reason
             continue
@@ -117,8 +143,7 @@ def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: 
         else:
             report.dense_bytes_freed += linear.weight.numel() * linear.weight.element_size()
     for name, router in router_targets:
-        nbytes = router.weight.numel() * router.weight.element_size()
-        reason = f"{nbytes} weight bytes < min_bytes {min_bytes}" if nbytes < min_bytes else router_refusal(router)
+        reason = _router_skip_reason(router, min_bytes, dtypes)
         if reason is not None:
             report.skipped[name] = reason
             continue

@@ -25,7 +25,7 @@ import torch.nn as nn
 from .. import ops
 from .patch import DENSE_DTYPES
 
-__all__ = ["pack_router", "router_refusal", "REFERENCE_ROUTERS"]
+__all__ = ["pack_router", "is_packed_router", "router_refusal", "REFERENCE_ROUTERS"]
 
 
 def _softmax_topk(self, hidden_states, always_normalise: bool):
@@ -86,6 +86,11 @@ def router_refusal(router: nn.Module) -> str | None:
     return None
 
 
+def is_packed_router(router: nn.Module) -> bool:
+    """Whether :func:`pack_router` has packed ``router``."""
+    return isinstance(getattr(router, "forward", None), _PackedForward)
+
+
 def _repack_after_load(router: nn.Module, incompatible_keys) -> None:
     router.ktmoe_w_packed = ops.pack_linear(router.weight.detach())
 
@@ -103,7 +108,10 @@ class _PackedForward:
 
 def pack_router(router: nn.Module) -> None:
     """Make ``router`` compute its logits with ``ktmoe::linear`` (see the module docstring). Raises
-    ValueError naming the reason (:func:`router_refusal`) for a router it cannot pack."""
+    ValueError naming the reason (:func:`router_refusal`) for a router it cannot pack; a packed router stays
+    as it is."""
+    if is_packed_router(router):
+        return
     reason = router_refusal(router)
     if reason is not None:
         raise ValueError(f"cannot pack the router {type(router).__name__}: {reason}")

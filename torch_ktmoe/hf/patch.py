@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -25,6 +26,9 @@ from .experts import (
     pack_dense_experts,
     unsupported_reason,
 )
+
+if TYPE_CHECKING:
+    from .dense_linears import PackedLinears
 
 __all__ = ["patch_model", "find_experts_blocks", "PatchReport", "RefusedBlock", "ExpertsBlock"]
 
@@ -46,6 +50,11 @@ class RefusedBlock:
 
 @dataclass
 class PatchReport:
+    """What ``patch_model`` / ``from_pretrained`` did: the experts blocks replaced (the byte counts are the
+    experts'), then the defaults of :mod:`.fast_defaults`: ``linears`` (``pack_linears``' report, None when the
+    dense linears were left to torch), ``decode_attention`` (attention switched to ``"ktmoe_decode"``) and
+    ``defaults_left`` (``"pack_linears"`` / ``"decode_attention"`` -> why that default was not applied)."""
+
     layers_patched: list[int] = field(default_factory=list)  # layer_idx of each replaced experts block
     module_names: list[str] = field(default_factory=list)
     replaced_classes: dict[str, int] = field(default_factory=dict)  # class name -> count
@@ -53,6 +62,9 @@ class PatchReport:
     file_backed_bytes: int = 0  # sum of KTMoE.file_backed_bytes
     dense_bytes_freed: int = 0  # bytes of the dense expert parameters dropped (0 for from_pretrained)
     refused: list[RefusedBlock] = field(default_factory=list)
+    linears: PackedLinears | None = None
+    decode_attention: bool = False
+    defaults_left: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -106,6 +118,12 @@ def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s first floating-point parameter (fp32 if it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
 COMPANION_MARKERS = ("scale", "zero", "qweight", "qzeros", "packed", "g_idx", "_blocks")
 
 
@@ -170,6 +188,8 @@ def patch_model(
     free_dense: bool = True,
     progress: bool = False,
     cache: str | None = None,
+    pack_linears: bool = True,
+    decode_attention: bool = True,
     **ktmoe_kwargs,
 ) -> PatchReport:
     """Replace every experts block of a loaded transformers model by KTMoE, in place.
@@ -181,9 +201,17 @@ def patch_model(
     With ``free_dense`` the replaced ``gate_up_proj``/``down_proj`` Parameters get an
     empty ``.data``, so their memory is released even if something else still holds
     the Parameter objects. Raises :class:`UnsupportedExpertsError` (naming the class)
-    for unsupported blocks unless ``strict=False``. The report is also stored as
-    ``model.ktmoe_report``.
+    for unsupported blocks unless ``strict=False``.
+
+    Then, by default, the dense linears outside the experts run packed (``pack_linears=False``: torch's)
+    and one-token decode attention as grouped matmuls (``decode_attention=False``: transformers' SDPA),
+    each where it keeps the outputs within the model dtype's rounding (:mod:`.fast_defaults`: bf16
+    models pack, fp32 / fp16 ones keep torch's linears). The report says what was applied and why not;
+    it is also stored as ``model.ktmoe_report``.
     """
+    from .fast_defaults import apply_defaults, check_switches  # it imports this module
+
+    check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     blocks, refused = find_experts_blocks(model)
     if refused and strict:
         raise refusal_error(model, refused)
@@ -221,6 +249,7 @@ def patch_model(
         b.module = None  # drop our reference to the old module
     if not refused:
         mark_config(model)
+    apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
     model.ktmoe_report = report
     return report
 

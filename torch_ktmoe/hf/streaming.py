@@ -23,6 +23,7 @@ from ..checkpoint import (INT4_QUANT_METHODS, MOE_BLOCK_NAMES, SafetensorsCheckp
 from ..memory import release_free_heap
 from . import packed_dir
 from .experts import experts_dims
+from .fast_defaults import apply_defaults, check_switches
 from .fp8_dense import dequantize_loaded_fp8, is_scale_key
 from .int4_dense import dequantize_loaded_int4, int4_modules, is_int4_key
 from .load_hook import before_and_after_weight_loading
@@ -33,6 +34,7 @@ from .patch import (
     adapter_for,
     find_experts_blocks,
     mark_config,
+    model_dtype,
     refusal_error,
     set_submodule,
 )
@@ -204,8 +206,8 @@ def _stream_experts(model, path: str, entries, weight_format: str | None, mmap_e
     safetensors shards (in the model's dtype if fp32/bf16, else fp32; FP8 experts into ``fp8`` and int4
     experts into ``int4_affine`` as they are). ``weight_format`` None: the reader's exact format
     (:func:`~torch_ktmoe.checkpoint.exact_format`), else ``bf16``."""
-    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    stream_dtype = model_dtype if model_dtype in (torch.float32, torch.bfloat16) else torch.float32
+    dtype = model_dtype(model)
+    stream_dtype = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
     source = checkpoint_fingerprint(path, f"dtype={stream_dtype}")
     if progress:
         from tqdm.auto import tqdm
@@ -238,6 +240,8 @@ def from_pretrained(
     progress: bool = True,
     ktmoe_kwargs: dict | None = None,
     cache: str | None = None,
+    pack_linears: bool = True,
+    decode_attention: bool = True,
     **hf_kwargs,
 ):
     """Load a transformers MoE model with its experts packed into KTMoE, streaming them from safetensors.
@@ -271,7 +275,11 @@ def from_pretrained(
     loads without its source checkpoint: every experts layer is mapped read-only from the
     directory's files, never packed; its format, group size and NUMA parts come from the
     manifest, so ``weight_format``, ``mmap_experts_dir`` and ``cache`` must not be given.
+
+    ``pack_linears`` / ``decode_attention``: as :func:`~torch_ktmoe.hf.patch_model`'s, applied after the
+    experts (by default, where they keep the outputs within the model dtype's rounding: :mod:`.fast_defaults`).
     """
+    check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
                                            hf_kwargs)
     packed = packed_dir.packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir,
@@ -285,12 +293,12 @@ def from_pretrained(
     report = PatchReport(refused=list(swap.refused))
     if packed is not None:
         packed_dir.map_packed_layers(path, packed["manifest"], packed["by_module"], swap.entries, ktmoe_kwargs, report)
-        model.ktmoe_report = report
         mark_config(model)
-        return model
-    _stream_experts(model, path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report, progress)
-    if not report.refused:
-        mark_config(model)
-    release_free_heap()  # the dense staging buffers of the stream, back to the OS
+    else:
+        _stream_experts(model, path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report, progress)
+        if not report.refused:
+            mark_config(model)
+    apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
+    release_free_heap()  # the dense staging buffers of the stream and the packed linears' dense weights, to the OS
     model.ktmoe_report = report
     return model
