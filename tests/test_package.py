@@ -1,4 +1,6 @@
 """The package's surface: ``import torch_ktmoe`` stays light, ``hf`` comes on demand, the demo dispatches."""
+import re
+
 from ktmoe_harness.child import run_python
 
 
@@ -21,3 +23,15 @@ def test_cli_demo_hands_its_flags_to_the_harness_demo():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "python -m torch_ktmoe demo" in res.stdout and "--layers" in res.stdout
 
+
+
+def test_compile_caches_are_keyed_by_the_ops_schemas():
+    """Inductor's FX graph cache does not key on a C++ op's schema: code compiled against another build (another
+    moe_forward signature) was loaded from /tmp/torchinductor_* and failed. Importing the library tags the key
+    with a hash of the ktmoe schemas, after the user's own tag."""
+    r = run_python("import torch, torch_ktmoe; from torch_ktmoe import ops; print(torch.compiler.config.cache_key_tag); "
+                   "ops._tag_compile_caches(); print(torch.compiler.config.cache_key_tag)", timeout=120,
+                   env={"TORCH_COMPILE_CACHE_KEY_TAG": "mine"})
+    assert r.returncode == 0, r.stderr
+    first, again = r.stdout.split()
+    assert first == again and re.fullmatch(r"mine\|ktmoe:[0-9a-f]{16}", first), r.stdout

@@ -8,6 +8,7 @@ The ops are inference-only. Each has an autograd formula that raises
 experts is never silently zero or missing (the forward itself runs fine on inputs
 that require grad, e.g. a model called outside ``torch.no_grad``).
 """
+import hashlib
 from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -27,6 +28,24 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (formula, params: their names in the op's order, defaults, models).
 GATED_ACTIVATIONS = {row["name"]: row for row in _C.gated_activations()}
 ACTIVATIONS = tuple(GATED_ACTIVATIONS)
+
+
+def _tag_compile_caches() -> None:
+    """Adds the ktmoe ops' schemas to torch.compile's cache key (``torch.compiler.config.cache_key_tag``).
+
+    Inductor's on-disk FX graph cache keys a graph by its code and config, not by a C++ op's schema: code
+    compiled against another build of this library (another ``moe_forward`` signature) would be loaded
+    from the cache and fail when called. A user's own tag is kept; ours is appended once.
+    """
+    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("ktmoe::"))
+    schemas = "\n".join(str(s) for n in names for s in torch._C._jit_get_schemas_for_operator(n))
+    tag = "ktmoe:" + hashlib.sha256(schemas.encode()).hexdigest()[:16]
+    config = torch.compiler.config
+    if tag not in config.cache_key_tag:
+        config.cache_key_tag = f"{config.cache_key_tag}|{tag}" if config.cache_key_tag else tag
+
+
+_tag_compile_caches()
 
 
 def activation_params(activation: str, params: Optional[Mapping[str, float]] = None) -> Tuple[float, ...]:
