@@ -11,7 +11,7 @@ std::string lacking(const std::string& name, const CpuFeatures& cpu) {
   if (name == "avx2") return cpu.avx2 ? "" : "AVX2+FMA+F16C";
   if (name == "avx2_vnni") return !cpu.avx2 ? "AVX2+FMA+F16C" : cpu.avx2_vnni ? "" : "AVX-VNNI";
   if (!cpu.avx512) return "AVX-512 F/BW/VL/DQ+BF16+VNNI";
-  if (name == "amx" && !cpu.amx) return cpu.amx_missing;
+  if (name == "amx" && !cpu.amx) return cpu.amx_missing.empty() ? "AMX-TILE/BF16/INT8" : cpu.amx_missing;
   return "";
 }
 

@@ -3,10 +3,8 @@
 // An ISA is usable when the CPU has its features (common/cpu_features.h: cpuid +
 // xgetbv, never the compiler's flags) and its table has every entry filled in
 // this build (a table being written has null entries). "auto" is the best
-// usable one: avx512, else avx2_vnni (avx2 with AVX-VNNI's vpdpbusd), else avx2, else
-// generic (always usable: the oracle).
-// "amx" (avx512's table with AMX tile gemms for prefill rows) is opt-in only:
-// selectable by name where the CPU has it, never picked by "auto".
+// usable one: amx (avx512's table with AMX tile gemms for prefill rows), else avx512, else
+// avx2_vnni (avx2 with AVX-VNNI's vpdpbusd), else avx2, else generic (always usable: the oracle).
 // The ops layer (ops/isa_dispatch.h) adds the KTMOE_ISA default, the per-call
 // choice and the error a user sees; tests/native uses the same functions.
 #pragma once
@@ -30,7 +28,7 @@ const IsaKernels* find_isa(const std::string& name, const CpuFeatures& cpu, std:
 // What "auto" picks on `cpu`: avx512, else avx2_vnni, else avx2, else generic.
 const IsaKernels& best_isa(const CpuFeatures& cpu);
 
-// The names of every usable ISA on `cpu`: generic, avx2, avx2_vnni, avx512, then amx (opt-in).
+// The names of every usable ISA on `cpu`: generic, avx2, avx2_vnni, avx512, amx.
 std::vector<std::string> usable_isa_names(const CpuFeatures& cpu);
 
 }  // namespace ktmoe

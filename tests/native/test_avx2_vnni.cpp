@@ -121,6 +121,11 @@ void test_selection() {
   CHECK(chosen("avx2_vnni", vnni, &why) == "avx2_vnni" && std::string(best_isa(vnni).name) == "avx2_vnni" &&
             std::string(best_isa(avx2).name) == "avx2" && std::string(best_isa(both).name) == "avx512",
         "best_isa: avx2_vnni with AVX-VNNI and no AVX-512, avx2 without AVX-VNNI, avx512 over both");
+  CpuFeatures tiles = both;
+  tiles.amx = true;
+  CHECK(std::string(best_isa(tiles).name) == "amx" && chosen("amx", both, &why).empty() &&
+            why == "this CPU lacks AMX-TILE/BF16/INT8",
+        strf("best_isa: amx where the CPU has AMX; a CPU without it is refused by name ('%s')", why.c_str()));
   const std::vector<std::string> names = usable_isa_names(vnni);
   CHECK((names == std::vector<std::string>{"generic", "avx2", "avx2_vnni"}),
         "usable_isa_names with AVX-VNNI: generic, avx2, avx2_vnni");

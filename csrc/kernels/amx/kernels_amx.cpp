@@ -1,8 +1,8 @@
 // [NOTE] The amx micro-kernel table: avx512's (AVX-512 F/BW/VL/DQ + BF16 + VNNI) with the
-// prefill gemms on AMX tiles. Opt-in only (KTMOE_ISA=amx, set_isa("amx")): "auto" never
-// picks it (isa_select.cpp), since its speed is not measured on AMX hardware yet.
+// prefill gemms on AMX tiles; "auto" picks it where the CPU has AMX (docs/isa.md: bf16 prefill
+// 1.4-2.5x avx512 at T = 256-512 on a 16-core Xeon, level below).
 //   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
-//   gemm_int_amx.cpp    tdpbsud over kINT8 k-quads and unpacked kINT4 codes, same rows
+//   gemm_int_amx.cpp    tdpbsud over per-channel kINT8 k-quads, same rows; grouped kINT8 and kINT4: avx512
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).
