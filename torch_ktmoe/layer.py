@@ -1,12 +1,13 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
-(its arenas: layer_arenas.py; the read-ahead decision: memory.py; copy and pickle: layer_copies.py)."""
+(its arenas: layer_arenas.py; its directory's read-ahead decision and warm: experts_dir.py; copy and pickle:
+layer_copies.py)."""
 from typing import List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from . import cache as _cache
-from . import layer_copies, memory, model_warm, ops
+from . import layer_copies, model_warm, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
 from .paths import utf8_path
@@ -84,7 +85,7 @@ class KTMoE(nn.Module):
             not fit in RAM (or the memory cgroup) together
             (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`), asked again
             at the end of each such layer's load and shared by the layers of one
-            directory (:class:`torch_ktmoe.memory.ReadAhead`: the last layer of a
+            directory (:class:`torch_ktmoe.experts_dir.ExpertsDir`: the last layer of a
             model loaded decides for the model; another model keeps its own
             decision); ``True`` / ``False`` force it.
             Outputs are the same either way.
@@ -134,7 +135,6 @@ class KTMoE(nn.Module):
         self.warm_mode = warm
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
-        self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
         self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
         self.activation = activation
         self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
@@ -162,7 +162,7 @@ class KTMoE(nn.Module):
     # ---------------------------------------------------------------- loading
     @property
     def numa_parts(self) -> int:
-        return len(self.arenas)
+        return self.arenas.parts
 
     @property
     def loaded(self) -> bool:
@@ -382,7 +382,7 @@ class KTMoE(nn.Module):
                                             up=up[:, lo:hi], group_size=self.group_size, arena=arena)
 
                 if self.cache == "off":
-                    w13, w2 = build(self.arenas[p])
+                    w13, w2 = build(self.arenas.for_build(p))
                 else:
                     w13, w2, _ = self.arenas.load_or_build(p, self._cache_key(p, fingerprint), self.cache,
                                                            self.verify, build, self.cache_events)
@@ -395,13 +395,10 @@ class KTMoE(nn.Module):
         file_backed = self.arenas.file_backed
         self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
         if file_backed and (self._auto_prefetch or self.warm_mode == "auto"):
-            # asked again at each load of the model's layers: the last sees the whole model
-            self.read_ahead = memory.model_read_ahead(self.mmap_experts_dir)
-            self.read_ahead.decide()
+            self.arenas.experts_dir.loaded(self.arenas)  # decided again at each load: the last sees the whole model
         if self.warm_mode == "auto":
             if file_backed:
-                self.model_warm = model_warm.warm_on_load(self.arenas, self.mmap_experts_dir,
-                                                          self.read_ahead.file_experts_fit)
+                self.model_warm = self.arenas.experts_dir.warm_on_load(self.arenas)
         elif self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
 
@@ -445,7 +442,7 @@ class KTMoE(nn.Module):
         """Whether forwards read ahead the routed experts now (``prefetch`` resolved; with ``"auto"`` also
         while the model's background warm has not reached this layer)."""
         return self.prefetch_mode is True or (self._auto_prefetch and (
-            not self.read_ahead.file_experts_fit or self.arenas.warm_pending))
+            not self.arenas.experts_dir.file_experts_fit or self.arenas.warm_pending))
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
@@ -460,7 +457,7 @@ class KTMoE(nn.Module):
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
         prefetch = self.prefetching
         plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
-        if plain and not prefetch and len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
+        if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
             return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
         shape = hidden_states.shape

@@ -13,11 +13,11 @@ import torch
 
 
 def deepcopy_layer(layer, memo):
-    """A new module sharing the packed experts (immutable), their arenas and the model's read-ahead decision;
-    the rest is copied."""
+    """A new module sharing the packed experts (immutable) and their arenas (and, by its own ``__deepcopy__``, the
+    experts directory's object); the rest is copied."""
     new = layer.__class__.__new__(layer.__class__)
     memo[id(layer)] = new
-    shared = [*layer.arenas, layer.read_ahead, *(t for pair in layer.packed_tensors() for t in pair)]
+    shared = [*layer.arenas, *(t for pair in layer.packed_tensors() for t in pair)]
     for obj in shared:
         memo[id(obj)] = obj
     new.__dict__.update(copy.deepcopy(layer.__dict__, memo))
@@ -43,9 +43,8 @@ def reduce_layer(layer):
                         "(cache='off') that no other process can open, and copying them by value "
                         "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
                         "maps the same cache files), or copy.deepcopy in-process.")
-    if not all(a.read_only and not a.cache_refusal for a in layer.arenas):  # no kept file to map
-        why = "; ".join(dict.fromkeys(a.cache_refusal for a in layer.arenas if a.cache_refusal)) or (
-            "no cache file was kept")
+    if not layer.arenas.kept:  # no kept file to map
+        why = layer.arenas.refusals() or "no cache file was kept"
         raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files that no "
                         f"other process can open: the cache in {layer.mmap_experts_dir} kept no file ({why}). "
                         "Use a cache directory that only you can write (or cache_trust_others=True), "
