@@ -1,7 +1,7 @@
 """KTMoE's copies: copy.deepcopy shares the packed experts; pickling sends them by value or by cache file.
 
 Functions that :class:`torch_ktmoe.layer.KTMoE`'s ``__deepcopy__`` and ``__reduce__`` call
-(they use its ``_constructor_kwargs``, ``arenas``, ``packed_tensors``, ``biases``,
+(they use its constructor's arguments, ``arenas``, ``packed_tensors``, ``biases``,
 ``try_load_cached``). Packed experts are immutable, so an
 in-process copy shares them and their arenas. Another process gets anonymous experts by
 value, or file-backed ones by the name of their kept cache files (it maps the same files);
@@ -24,9 +24,21 @@ def deepcopy_layer(layer, memo):
     return new
 
 
+def constructor_kwargs(layer) -> dict:
+    """The keyword arguments that construct a layer like ``layer`` (before any weight is loaded)."""
+    return dict(num_experts=layer.num_experts, top_k=layer.top_k, hidden_size=layer.hidden_size,
+                intermediate_size=layer.intermediate_size, weight_format=layer.weight_format,
+                mmap_experts_dir=layer.mmap_experts_dir, layer_idx=layer.layer_idx,
+                numa_parts=layer.numa_parts, group_size=layer.group_size, hugepage=layer._hugepage,
+                warm=layer.warm_mode, cache=layer.cache if layer.mmap_experts_dir is not None else None,
+                verify=layer.verify, cache_trust_others=layer.cache_trust_others,
+                activation=layer.activation, activation_params=layer.activation_params,
+                prefetch=layer.prefetch_mode)
+
+
 def reduce_layer(layer):
     """``__reduce__``: the experts by value (anonymous) or by the names of their kept cache files."""
-    kwargs, where = layer._constructor_kwargs(), f"KTMoE(layer {layer.layer_idx})"
+    kwargs, where = constructor_kwargs(layer), f"KTMoE(layer {layer.layer_idx})"
     biases = layer.biases()  # small: always by value
     if not layer.loaded:
         return (unpickle_ktmoe, (type(layer), kwargs, None, biases))
