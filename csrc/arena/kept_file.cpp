@@ -1,4 +1,4 @@
-// The kept file of a persistent WeightArena (kept_file.h): build, map, refuse.
+// [NOTE] The kept file of a persistent WeightArena (see kept_file.h): build, map, refuse.
 #include "arena/kept_file.h"
 
 #include <fcntl.h>

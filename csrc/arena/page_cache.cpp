@@ -1,3 +1,4 @@
+// [NOTE] Page-cache helpers (see page_cache.h): mincore, pread through the cache, line loads.
 #include "arena/page_cache.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// [NOTE] Prefaulter (see prefaulter.h): the 64 MiB steps of a warm, on this thread or one I/O thread.
 #include "arena/prefaulter.h"
 
 #include <sys/mman.h>

@@ -1,3 +1,5 @@
+// [NOTE] WeightArena (see weight_arena.h): allocation, fallback, statistics, the registry of live
+// arenas and its fork handler, resident_bytes / evict / prefault over the mapped slices.
 #include "arena/weight_arena.h"
 
 #include <fcntl.h>
