@@ -1,5 +1,6 @@
 // [NOTE] Binds WeightArena (memory, residency, statistics) and the process-wide arena
 // statistics. The cache methods are bind_cache.cpp's.
+#include "arena/page_cache.h"
 #include "ops/arena_tensor.h"
 #include "python_bindings.h"
 
@@ -38,13 +39,13 @@ void bind_residency(PyArenaClass& c) {
            py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
            "read the backing file into memory: read() what is not cached, read through the mapping what is, then "
            "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
-      .def("join_prefault", [](const PyArena& a) { a.arena->join_prefault(); },
+      .def("join_prefault", [](const PyArena& a) { a.arena->prefaulter().join(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
-      .def("stop_prefault", [](const PyArena& a) { a.arena->stop_prefault(); },
+      .def("stop_prefault", [](const PyArena& a) { a.arena->prefaulter().stop(); },
            py::call_guard<py::gil_scoped_release>(),
            "stop a running prefault at its next 64 MiB step and wait for it (status 'error: stopped')")
-      .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefault_status(); })
-      .def_property_readonly("prefault_done_bytes", [](const PyArena& a) { return a.arena->prefault_done_bytes(); },
+      .def_property_readonly("prefault_status", [](const PyArena& a) { return a.arena->prefaulter().status(); })
+      .def_property_readonly("prefault_done_bytes", [](const PyArena& a) { return a.arena->prefaulter().done_bytes(); },
                              "bytes the current (or last) prefault has gone through")
       .def_static("read_file_through_cache", [](const std::string& path) {
              int64_t n = 0;
@@ -57,11 +58,11 @@ void bind_residency(PyArenaClass& c) {
 
 py::list live_arenas() {
   // Snapshot first, then mincore without the GIL; the list holds no arena.
-  std::vector<std::shared_ptr<KtWeightArena>> arenas;
+  std::vector<std::shared_ptr<WeightArena>> arenas;
   std::vector<int64_t> resident;
   {
     py::gil_scoped_release release;
-    arenas = KtWeightArena::live();
+    arenas = WeightArena::live();
     for (const auto& arena : arenas) resident.push_back(arena->resident_bytes());
   }
   py::list out;
@@ -94,7 +95,7 @@ PyArenaClass bind_arena(py::module_& m) {
           options.trust_others = trust_others;
           options.map_only = map_only;
           options.persistent = persistent || map_only;
-          return PyArena{KtWeightArena::open(dir, name, options)};
+          return PyArena{WeightArena::open(dir, name, options)};
         }),
         py::arg("dir"), py::arg("name"), py::arg("hugepage") = true, py::arg("numa_node") = -1,
         py::arg("persistent") = false, py::arg("trust_others") = false, py::arg("map_only") = false)
@@ -111,7 +112,7 @@ PyArenaClass bind_arena(py::module_& m) {
       .def("stats", [](const PyArena& a) { return arena_stats_dict(a.arena->stats()); });
   bind_residency(c);
   m.def("process_arena_stats", [] {
-    const ProcessArenaStats s = KtWeightArena::process_stats();
+    const ProcessArenaStats s = WeightArena::process_stats();
     py::dict d = arena_stats_dict(s);
     d["arenas"] = s.arenas;
     return d;

@@ -96,6 +96,9 @@ void bind_cache(py::module_& m, PyArenaClass& arena) {
     return py::make_tuple(layer, part);
   }, py::arg("name"), "(layer, part) of layer0003.part1[.ktmoe], or (None, None)");
   m.def("cache_suffix", [] { return std::string(kCacheSuffix); }, "the suffix of kept cache files");
+  m.def("cache_file_name", &cache_file_name, py::arg("name"), "the kept file of arena `name`: layer0003.part1.ktmoe");
+  m.def("cache_lock_name", &cache_lock_name, py::arg("name"),
+        "the build lock of arena `name`: layer0003.part1.ktmoe.lock");
   m.def("cache_temp_files", &cache_temp_files, py::arg("dir"), py::arg("name") = "",
         "temporary build files in dir (of arena `name`; all when empty), sorted");
 }
@@ -112,7 +115,7 @@ void bind_inspection(py::module_& m) {
         "header fields, valid/reason (the checks of a load against the file's own key; verify: data "
         "checksums too) and resident_bytes of a .ktmoe file");
   m.def("cache_dir_problem", [](const std::string& dir) {
-    return KtWeightArena::open(dir, "probe", {})->open_error();
+    return WeightArena::open(dir, "probe", {})->open_error();
   }, py::arg("dir"), "why an arena in dir would fall back to anonymous memory ('' if it would not)");
 }
 

@@ -11,7 +11,7 @@ namespace ktmoe {
 
 // The Python face of an arena: the shared_ptr (lifetime).
 struct PyArena {
-  std::shared_ptr<KtWeightArena> arena;
+  std::shared_ptr<WeightArena> arena;
 };
 using PyArenaClass = pybind11::class_<PyArena>;
 

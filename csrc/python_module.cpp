@@ -4,7 +4,7 @@
 //
 // Includes: everything computed goes through ops/ (ISA choice, packing plan,
 // cache keys and protocol, inspection). arena/ is included only for the objects
-// Python holds and calls 1:1 (KtWeightArena, the cache file names, the NUMA node
+// Python holds and calls 1:1 (WeightArena, the cache file names, the NUMA node
 // count): a pass-through layer in ops/ would only repeat their declarations.
 #include "python_bindings.h"
 

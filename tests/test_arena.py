@@ -1,4 +1,4 @@
-"""KtWeightArena: anonymous vs file-backed memory, fallbacks, lifetime, threads, memory limits."""
+"""WeightArena: anonymous vs file-backed memory, fallbacks, lifetime, threads, memory limits."""
 import gc
 import os
 import resource

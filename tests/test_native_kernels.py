@@ -7,12 +7,10 @@ It is compiled by native_build.ninja_build, the extension's own flags table and
 driver (setup.py): each csrc/kernels/<isa>/ gets its ISA flags, everything else
 none; into build/native_tests, so a rerun compiles only what changed.
 """
-import shutil
-import subprocess
-
 import pytest
 
-from native_build import CSRC, ROOT, NinjaBuildError, Recompiled, isa_of, ninja_build, torch_free_sources
+from native_build import CSRC, ROOT, Recompiled, isa_of, torch_free_sources
+from tests.helpers.native_program import build_native_program, run_native_program
 
 
 def _sources():
@@ -27,25 +25,8 @@ def _sources():
 
 @pytest.fixture(scope="module")
 def native_test_binary():
-    for tool in ("g++", "ninja"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not found: the native kernel tests need it")
-    build_dir = ROOT / "build" / "native_tests"
-    try:
-        ninja_build(build_dir, _sources(), executable="test_kernels", link_flags=["-pthread"], capture=True)
-    except NinjaBuildError as exc:
-        pytest.fail(f"building the native tests failed: {exc}")
-    return str(build_dir / "test_kernels")
+    return build_native_program("native_tests", _sources(), "test_kernels")
 
 
 def test_native_kernels(native_test_binary):
-    r = subprocess.run([native_test_binary], capture_output=True, text=True, timeout=300)
-    output = r.stdout + r.stderr
-    lines = output.strip().splitlines()
-    failures = "\n".join(l for l in lines if l.startswith("FAIL"))
-    assert r.returncode == 0 and lines and lines[-1].endswith(" 0 failed"), (
-        f"native kernel tests failed (exit {r.returncode}):\n{failures}\n\n--- full output ---\n{output}")
-    # Skipped ISAs (incomplete tables, or not supported by this CPU) are shown with -rA / -s.
-    for line in lines:
-        if line.startswith("SKIP"):
-            print(line)
+    run_native_program([native_test_binary])

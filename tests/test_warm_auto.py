@@ -208,7 +208,7 @@ FORK_CHILD = textwrap.dedent("""
         if child_does == "join":
             layer.join_warm()
         print("CHILD", repr(status), layer.model_warm.running, flush=True)
-        sys.exit(0)  # runs the atexit stop_all
+        sys.exit(0)  # runs the atexit stop_all_warms
     deadline = time.monotonic() + 30
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         if time.monotonic() > deadline:

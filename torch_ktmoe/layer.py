@@ -1,21 +1,22 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
-(its arenas: layer_arenas.py; the read-ahead decision: memory.py; copy and pickle: layer_copies.py)."""
+(its arenas: layer_arenas.py; its directory's read-ahead decision and warm: experts_dir.py; copy and pickle:
+layer_copies.py)."""
 from typing import List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from . import cache as _cache
-from . import layer_copies, memory, model_warm, ops
+from . import layer_copies, model_warm, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
+from .part_packing import exact_companions, pack_part
+from .pending_experts import PendingExperts
 from .paths import utf8_path
 
 
 WARM_MODES = ("auto", "none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
-# The formats a quantized checkpoint's experts are packed into exactly (codes + scales [+ zero points]).
-_EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts}
 
 
 class KTMoE(nn.Module):
@@ -84,7 +85,7 @@ class KTMoE(nn.Module):
             not fit in RAM (or the memory cgroup) together
             (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`), asked again
             at the end of each such layer's load and shared by the layers of one
-            directory (:class:`torch_ktmoe.memory.ReadAhead`: the last layer of a
+            directory (:class:`torch_ktmoe.experts_dir.ExpertsDir`: the last layer of a
             model loaded decides for the model; another model keeps its own
             decision); ``True`` / ``False`` force it.
             Outputs are the same either way.
@@ -134,7 +135,6 @@ class KTMoE(nn.Module):
         self.warm_mode = warm
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
-        self.read_ahead: Optional[memory.ReadAhead] = None  # the model's decision, shared by its layers (_after_load)
         self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
         self.activation = activation
         self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
@@ -157,12 +157,12 @@ class KTMoE(nn.Module):
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"b13_{p}", None, persistent=False)  # [E, 2 I_p] fp32: part p's gate, up bias
             self.register_buffer(f"b2_{p}", None, persistent=False)   # [E, H] fp32: down bias (part 0 only)
-        self._pending = {}  # load_expert: the layer's dense experts until all have arrived
+        self._pending = PendingExperts(self.num_experts, f"KTMoE(layer {self.layer_idx})")  # load_expert's
 
     # ---------------------------------------------------------------- loading
     @property
     def numa_parts(self) -> int:
-        return len(self.arenas)
+        return self.arenas.parts
 
     @property
     def loaded(self) -> bool:
@@ -189,7 +189,7 @@ class KTMoE(nn.Module):
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
-        exact = self._exact_companions(gate_up_scale, down_scale, gate_up_zero, down_zero)
+        exact = exact_companions(self, gate_up_scale, down_scale, gate_up_zero, down_zero)
         companions = [t for t in (gate_up_scale, down_scale, gate_up_zero, down_zero) if t is not None]
         fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj, *companions)
         self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint, exact)
@@ -239,30 +239,9 @@ class KTMoE(nn.Module):
         self._check_shape("down_proj", down_proj, (self.hidden_size, self.intermediate_size))
         given = {"gate_up": gate_up_proj, "down": down_proj, "gate_up_scale": gate_up_scale, "down_scale": down_scale,
                  "gate_up_zero": gate_up_zero, "down_zero": down_zero}
-        given = {k: t for k, t in given.items() if t is not None}
-        if not self._pending:  # one layer, filled in place (no stacking copy)
-            self._pending = {k: t.new_empty((self.num_experts, *t.shape)) for k, t in given.items()}
-            self._pending["have"] = set()
-        if set(given) != set(self._pending) - {"have"}:
-            raise ValueError(f"KTMoE(layer {self.layer_idx}): expert {expert} comes with {sorted(given)}, the "
-                             f"experts before it with {sorted(set(self._pending) - {'have'})}")
-        self._check_pending_dtypes(expert, given)
-        for k, t in given.items():
-            self._pending[k][expert].copy_(t)
-        self._pending["have"].add(expert)
-        if len(self._pending["have"]) == self.num_experts:
-            pending, self._pending = self._pending, {}
-            self.load_weights(pending["gate_up"], pending["down"], fingerprint=fingerprint,
-                              **{k: pending.get(k) for k in ("gate_up_scale", "down_scale", "gate_up_zero",
-                                                             "down_zero")})
-
-    def _check_pending_dtypes(self, expert: int, given: dict) -> None:
-        """ValueError unless each of ``expert``'s tensors has the dtype of the experts before it: a layer is one
-        dtype, as :meth:`load_weights` takes it (a cast would pack int8 codes, or fp32 values as e4m3, as weights)."""
-        for k, t in given.items():
-            if t.dtype != self._pending[k].dtype:
-                raise ValueError(f"KTMoE(layer {self.layer_idx}): expert {expert}'s {k} is {t.dtype}, the experts "
-                                 f"before it {self._pending[k].dtype}; a layer's experts must share one dtype")
+        layer = self._pending.add(expert, {k: t for k, t in given.items() if t is not None})
+        if layer is not None:
+            self.load_weights(layer.pop("gate_up"), layer.pop("down"), fingerprint=fingerprint, **layer)
 
     def try_load_cached(self, fingerprint: str) -> bool:
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.
@@ -299,63 +278,6 @@ class KTMoE(nn.Module):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"KTMoE(layer {self.layer_idx}): {name} must have shape {tuple(shape)}, got {got}")
 
-    def _exact_companions(self, gate_up_scale, down_scale, gate_up_zero, down_zero):
-        """The scales (and int4_affine's zero points) of a quantized checkpoint's experts, split as
-        gate / up / down: {"gate_scale", "up_scale", "down_scale"[, "gate_zero", "up_zero", "down_zero"]},
-        or None for dense experts."""
-        if all(t is None for t in (gate_up_scale, down_scale, gate_up_zero, down_zero)):
-            return None
-        fmt, layer = self.weight_format, f"KTMoE(layer {self.layer_idx})"
-        if fmt not in _EXACT_PACKERS:
-            raise ValueError(f"{layer}: gate_up_scale and down_scale (both) come with float8_e4m3fn experts and "
-                             f"weight_format='fp8', not {fmt!r}, or with uint8 int4 codes and "
-                             f"weight_format='int4_affine'")
-        if gate_up_scale is None or down_scale is None:
-            raise ValueError(f"{layer}: {fmt} experts come with both gate_up_scale and down_scale")
-        if fmt != "int4_affine" and (gate_up_zero is not None or down_zero is not None):
-            raise ValueError(f"{layer}: zero points (gate_up_zero / down_zero) come with weight_format='int4_affine', "
-                             f"not {fmt!r}")
-        E, H, inter, g = self.num_experts, self.hidden_size, self.intermediate_size, self._group()
-        given = {"gate_up_scale": gate_up_scale, "down_scale": down_scale, "gate_up_zero": gate_up_zero,
-                 "down_zero": down_zero}
-        shapes = {"gate_up": (E, 2 * inter, -(-H // g)), "down": (E, H, -(-inter // g))}
-        parts = {}
-        for key, t in given.items():
-            name, kind = key.rsplit("_", 1)
-            if t is not None:
-                self._check_shape(key, t, shapes[name])
-            if name == "gate_up":
-                parts[f"gate_{kind}"], parts[f"up_{kind}"] = (None, None) if t is None else (t[:, :inter], t[:, inter:])
-            else:
-                parts[key] = t
-        bad = [lo for lo in self._bounds[1:-1] if lo % g]
-        if bad:
-            raise ValueError(f"{layer}: NUMA part bounds {self._bounds} split a group of {g} inputs of down's "
-                             f"{fmt} scales (at {bad}); choose numa_parts (e.g. 1) so that parts start at "
-                             f"multiples of {g}")
-        return parts
-
-    def _group(self) -> int:
-        return self.group_size or ops.FORMAT_TRAITS[self.weight_format]["default_group"]
-
-    def _pack_exact(self, arena, lo, hi, gate, up, down, exact):
-        """Part [lo, hi) of the intermediate dimension of a quantized checkpoint's experts, packed exactly."""
-        g = self._group()
-        glo, ghi = lo // g, -(-hi // g)
-
-        def rows(t):  # gate / up companions: rows [lo, hi); down's: groups [glo, ghi)
-            return None if t is None else t[:, lo:hi]
-
-        def down_groups(t):
-            return None if t is None else t[:, :, glo:ghi]
-
-        kwargs = dict(up=up[:, lo:hi], up_scale=rows(exact["up_scale"]), group_size=g, arena=arena)
-        args = [gate[:, lo:hi], down[:, :, lo:hi], rows(exact["gate_scale"]), down_groups(exact["down_scale"])]
-        if self.weight_format == "int4_affine":
-            args += [rows(exact["gate_zero"]), down_groups(exact["down_zero"])]
-            kwargs["up_zero"] = rows(exact["up_zero"])
-        return _EXACT_PACKERS[self.weight_format](*args, **kwargs)
-
     def _fingerprint(self, given: Optional[str], *tensors: torch.Tensor) -> Optional[str]:
         if self.cache == "off":
             return None
@@ -376,13 +298,10 @@ class KTMoE(nn.Module):
                 lo, hi = self._bounds[p], self._bounds[p + 1]
 
                 def build(arena, lo=lo, hi=hi):
-                    if exact is not None:  # a quantized checkpoint: codes, scales (and zeros) as they are
-                        return self._pack_exact(arena, lo, hi, gate, up, down, exact)
-                    return ops.pack_experts(gate[:, lo:hi], down[:, :, lo:hi], self.weight_format,
-                                            up=up[:, lo:hi], group_size=self.group_size, arena=arena)
+                    return pack_part(self, arena, lo, hi, gate, up, down, exact)
 
                 if self.cache == "off":
-                    w13, w2 = build(self.arenas[p])
+                    w13, w2 = build(self.arenas.for_build(p))
                 else:
                     w13, w2, _ = self.arenas.load_or_build(p, self._cache_key(p, fingerprint), self.cache,
                                                            self.verify, build, self.cache_events)
@@ -395,37 +314,23 @@ class KTMoE(nn.Module):
         file_backed = self.arenas.file_backed
         self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
         if file_backed and (self._auto_prefetch or self.warm_mode == "auto"):
-            # asked again at each load of the model's layers: the last sees the whole model
-            self.read_ahead = memory.model_read_ahead(self.mmap_experts_dir)
-            self.read_ahead.decide()
+            self.arenas.experts_dir.loaded(self.arenas)  # decided again at each load: the last sees the whole model
         if self.warm_mode == "auto":
             if file_backed:
-                self.model_warm = model_warm.warm_on_load(self.arenas, self.mmap_experts_dir,
-                                                          self.read_ahead.file_experts_fit)
+                self.model_warm = self.arenas.experts_dir.warm_on_load(self.arenas)
         elif self.warm_mode != "none":
             self.warm(wait=self.warm_mode == "blocking")
 
     # ---------------------------------------------------------------- residency
     def warm(self, wait: bool = True) -> bool:
-        """Prefault this layer's expert files so the first forward runs at steady speed.
+        """Prefault this layer's expert files so the first forward runs at steady speed (the arenas' prefaulter:
+        ``read()`` what is not cached, one read of what is, then ``MADV_POPULATE_READ``; docs/memory.md).
+        ``wait=False`` returns at once and reads on one background thread per arena (joined when the arena goes).
 
-        Pages not in the page cache are read with ``read()`` (sequential
-        readahead in large folios); pages already cached are read once through
-        the mapping (on a VM that hands free memory back to its host, the first
-        CPU access to a page the disk filled costs microseconds, which would
-        otherwise land in the first forwards); then ``MADV_POPULATE_READ``
-        (Linux >= 5.14; synchronous, errors raise), else ``MADV_WILLNEED``, maps
-        them. ``wait=False`` returns at once and reads on one background thread
-        per arena (joined when the arena goes).
-
-        When the experts do not fit in RAM, reading all of them would evict the
-        hot experts (and anything else) to bring in cold ones, which is worse than
-        faulting on demand. So warm reads only when the bytes still missing fit in
-        the memory headroom (``MemAvailable``, or the memory cgroup's, see
-        :func:`torch_ktmoe.memory.memory_headroom_bytes`); otherwise it skips the
-        whole layer with a :class:`ResourceWarning` and returns False (experts
-        then fault in on first use, as without warm). Anonymous experts are
-        always resident: returns True at once.
+        Reads only when the bytes still missing fit in the memory headroom
+        (:func:`torch_ktmoe.memory.memory_headroom_bytes`): reading experts that do not fit in RAM would evict
+        the hot ones. Otherwise it skips the layer with a :class:`ResourceWarning` and returns False (experts
+        fault in on first use). Anonymous experts are always resident: True at once.
         """
         return self.arenas.warm(wait)
 
@@ -445,7 +350,7 @@ class KTMoE(nn.Module):
         """Whether forwards read ahead the routed experts now (``prefetch`` resolved; with ``"auto"`` also
         while the model's background warm has not reached this layer)."""
         return self.prefetch_mode is True or (self._auto_prefetch and (
-            not self.read_ahead.file_experts_fit or self.arenas.warm_pending))
+            not self.arenas.experts_dir.file_experts_fit or self.arenas.warm_pending))
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
@@ -460,7 +365,7 @@ class KTMoE(nn.Module):
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
         prefetch = self.prefetching
         plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
-        if plain and not prefetch and len(self.arenas) == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
+        if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
             return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
         shape = hidden_states.shape
@@ -493,16 +398,6 @@ class KTMoE(nn.Module):
 
     def __reduce__(self):
         return layer_copies.reduce_layer(self)
-
-    def _constructor_kwargs(self) -> dict:
-        return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.hidden_size,
-                    intermediate_size=self.intermediate_size, weight_format=self.weight_format,
-                    mmap_experts_dir=self.mmap_experts_dir, layer_idx=self.layer_idx,
-                    numa_parts=self.numa_parts, group_size=self.group_size, hugepage=self._hugepage,
-                    warm=self.warm_mode, cache=self.cache if self.mmap_experts_dir is not None else None,
-                    verify=self.verify, cache_trust_others=self.cache_trust_others,
-                    activation=self.activation, activation_params=self.activation_params,
-                    prefetch=self.prefetch_mode)
 
     # ---------------------------------------------------------------- reporting
     @property

@@ -1,52 +1,63 @@
 """LayerArenas: the weight arenas of one KTMoE layer, one per NUMA part, as one object.
 
-It makes them (named in C++: ``layer0003.part1``), replaces one for each cache load
-or build (:meth:`load_or_build`: one C++ call per part), and answers for all of them
-together: statistics, residency (:meth:`warm`, :attr:`resident_bytes`, :meth:`missing_bytes`;
-the model-wide background warm of ``warm="auto"`` is model_warm.py's). Anonymous
-experts are always resident; warming is a no-op for them. It is a sequence of
-:class:`~torch_ktmoe.arena.WeightArena` (``layer.arenas[p]``).
+It opens a part's arena when a load or a build needs one (named in C++: ``layer0003.part1``; an
+earlier load's arena stays with its tensors), runs each part's cache load or build
+(:meth:`load_or_build`: one C++ call per part), and answers for all of them together: statistics,
+whether the cache kept their files (:attr:`kept`), residency (:meth:`warm`, :attr:`resident_bytes`,
+:meth:`missing_bytes`; the model-wide read-ahead decision and background warm are its
+:class:`~torch_ktmoe.experts_dir.ExpertsDir`'s). Anonymous experts are always resident; warming is a
+no-op for them. ``layer.arenas[p]`` is part ``p``'s :class:`~torch_ktmoe.arena.WeightArena`; iterating
+gives the open ones.
 """
 import warnings
-from collections.abc import Sequence
 from typing import List, Optional
 
 from . import memory
-from ._native import _C
 from .arena import WeightArena
+from .experts_dir import arena_name, experts_dir, layer_file_names
 
 
-class LayerArenas(Sequence):
+class LayerArenas:
     def __init__(self, directory: Optional[str], layer_idx: int, parts: int, *, hugepage: bool, nodes: int,
                  policy: str, trust_others: bool, read_first: bool):
-        self.directory, self.layer_idx = directory, layer_idx
+        self.directory, self.layer_idx, self.parts = directory, layer_idx, parts
+        self.experts_dir = None if directory is None else experts_dir(directory)
         self._options = dict(hugepage=hugepage, persistent=policy != "off", map_only=policy == "map",
                              trust_others=trust_others)
         self._nodes = nodes
         self.read_first = read_first  # a kept file is read once, at disk speed, before it is mapped (warm on load)
-        self._arenas = [self._make(p) for p in range(parts)]
+        self._arenas: List[Optional[WeightArena]] = [None] * parts  # opened by a load or a build
 
-    def __getitem__(self, p):
+    def __getitem__(self, p: int) -> WeightArena:
+        """Part ``p``'s arena, opened if none is yet."""
+        if self._arenas[p] is None:
+            self._arenas[p] = self._open(p)
         return self._arenas[p]
+
+    def __iter__(self):
+        return iter([a for a in self._arenas if a is not None])
 
     def __len__(self) -> int:
-        return len(self._arenas)
+        return self.parts
 
-    def _make(self, p: int) -> WeightArena:
-        return WeightArena(self.directory, _C.cache_arena_name(self.layer_idx, p),
+    def _open(self, p: int) -> WeightArena:
+        return WeightArena(self.directory, arena_name(self.layer_idx, p),
                            numa_node=p % self._nodes if self._nodes > 1 else -1, **self._options)
 
-    def fresh(self, p: int) -> WeightArena:
-        """A new arena for part ``p`` (tensors of an earlier load keep theirs alive)."""
-        self._arenas[p] = self._make(p)
-        return self._arenas[p]
+    def for_build(self, p: int) -> WeightArena:
+        """An arena for a new load or build of part ``p``: the part's own while it holds nothing (e.g. after a
+        load that missed), else a new one (tensors of an earlier load keep theirs alive)."""
+        a = self._arenas[p]
+        if a is None or a.file_mode or a.stats()["allocations"]:
+            a = self._arenas[p] = self._open(p)
+        return a
 
     def load_or_build(self, p: int, key, policy: str, verify: str, build=None, events: Optional[list] = None):
-        """Part ``p``'s kept file mapped, or built by ``build(arena)`` into a fresh arena: ``(w13, w2, hit)``.
+        """Part ``p``'s kept file mapped, or built by ``build(arena)``: ``(w13, w2, hit)``.
 
         Appends ``{name, hit, reason}`` to ``events`` (see :meth:`WeightArena.load_or_build`).
         """
-        arena = self.fresh(p)
+        arena = self.for_build(p)
         w13, w2, hit, reason = arena.load_or_build(
             key, policy, verify, None if build is None else (lambda: build(arena)),
             read_first_max_bytes=self.read_budget() if self.read_first else 0)
@@ -54,45 +65,63 @@ class LayerArenas(Sequence):
             events.append({"name": arena.name, "hit": hit, "reason": reason})
         return w13, w2, hit
 
+    # ------------------------------------------------------------ the kept files
+    def file_names(self) -> List[str]:
+        """The names of the parts' kept files in the directory (spelled in C++)."""
+        return layer_file_names(self.layer_idx, self.parts)
+
+    @property
+    def kept(self) -> bool:
+        """Whether every part is mapped from (or was committed to) a kept cache file the cache did not refuse."""
+        return all(a is not None and a.read_only and not a.cache_refusal for a in self._arenas)
+
+    def refusals(self) -> str:
+        """Why the cache refused to keep the parts' files, each reason once ("" if it refused none)."""
+        return "; ".join(dict.fromkeys(a.cache_refusal for a in self if a.cache_refusal))
+
     # ------------------------------------------------------------ statistics
     def stats(self) -> List[dict]:
-        """Per NUMA part: allocations, file_backed_bytes, anon_bytes, fallbacks, reasons, name, dir, file_mode."""
-        return [dict(a.stats(), name=a.name, dir=a.dir, file_mode=a.file_mode) for a in self._arenas]
+        """Per NUMA part: allocations, file_backed_bytes, anon_bytes, fallbacks, reasons, name, dir, file_mode
+        (zeros for a part not loaded yet)."""
+        none = dict(allocations=0, file_backed_bytes=0, anon_bytes=0, fallbacks=0, fallback_reasons=[],
+                    dir=self.directory or "", file_mode=False)
+        return [dict(none, name=arena_name(self.layer_idx, p)) if a is None else
+                dict(a.stats(), name=a.name, dir=a.dir, file_mode=a.file_mode) for p, a in enumerate(self._arenas)]
 
     @property
     def file_backed_bytes(self) -> int:
-        return sum(a.stats()["file_backed_bytes"] for a in self._arenas)
+        return sum(a.stats()["file_backed_bytes"] for a in self)
 
     @property
     def file_backed(self) -> bool:
         """Whether some of the layer's experts are in files (what read-ahead and warm act on)."""
-        return any(a.file_mode and a.stats()["file_backed_bytes"] for a in self._arenas)
+        return any(a.file_mode and a.stats()["file_backed_bytes"] for a in self)
 
     # ------------------------------------------------------------ residency
     @property
     def resident_bytes(self) -> int:
         """Bytes of the layer's packed experts in RAM (``mincore`` over its files)."""
-        return sum(a.resident_bytes() for a in self._arenas)
+        return sum(a.resident_bytes() for a in self)
 
     @property
     def warm_pending(self) -> bool:
         """Whether the model's background warm (``warm="auto"``, model_warm.py) has queued or is reading this
         layer. Kept on the arenas, which copies of the layer share."""
-        return any(getattr(a, "warm_pending", False) for a in self._arenas)
+        return any(getattr(a, "warm_pending", False) for a in self)
 
     @warm_pending.setter
     def warm_pending(self, pending: bool) -> None:
-        for a in self._arenas:
+        for a in self:
             a.warm_pending = pending
 
     @property
     def file_resident_bytes(self) -> int:
         """Bytes of the layer's file-backed experts in RAM (``mincore`` over its files)."""
-        return sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in self._arenas if a.file_mode)
+        return sum(a.resident_bytes() - a.stats()["anon_bytes"] for a in self if a.file_mode)
 
     def missing_bytes(self) -> int:
         """Bytes of the layer's file-backed experts not in RAM: what a warm reads from disk."""
-        return sum(a.stats()["file_backed_bytes"] for a in self._arenas if a.file_mode) - self.file_resident_bytes
+        return sum(a.stats()["file_backed_bytes"] for a in self if a.file_mode) - self.file_resident_bytes
 
     @staticmethod
     def read_budget() -> int:
@@ -101,7 +130,7 @@ class LayerArenas(Sequence):
 
     def warm(self, wait: bool = True) -> bool:
         """Prefaults the file-backed arenas when what is missing fits :meth:`read_budget` (see ``KTMoE.warm``)."""
-        file_arenas = [a for a in self._arenas if a.file_mode]
+        file_arenas = [a for a in self if a.file_mode]
         if not file_arenas:
             return True
         missing, budget = self.missing_bytes(), self.read_budget()
@@ -115,5 +144,5 @@ class LayerArenas(Sequence):
         return True
 
     def join_warm(self) -> None:
-        for a in self._arenas:
+        for a in self:
             a.join_prefault()

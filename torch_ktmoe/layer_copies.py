@@ -1,7 +1,7 @@
 """KTMoE's copies: copy.deepcopy shares the packed experts; pickling sends them by value or by cache file.
 
 Functions that :class:`torch_ktmoe.layer.KTMoE`'s ``__deepcopy__`` and ``__reduce__`` call
-(they use its ``_constructor_kwargs``, ``arenas``, ``packed_tensors``, ``biases``,
+(they use its constructor's arguments, ``arenas``, ``packed_tensors``, ``biases``,
 ``try_load_cached``). Packed experts are immutable, so an
 in-process copy shares them and their arenas. Another process gets anonymous experts by
 value, or file-backed ones by the name of their kept cache files (it maps the same files);
@@ -13,20 +13,32 @@ import torch
 
 
 def deepcopy_layer(layer, memo):
-    """A new module sharing the packed experts (immutable), their arenas and the model's read-ahead decision;
-    the rest is copied."""
+    """A new module sharing the packed experts (immutable) and their arenas (and, by its own ``__deepcopy__``, the
+    experts directory's object); the rest is copied."""
     new = layer.__class__.__new__(layer.__class__)
     memo[id(layer)] = new
-    shared = [*layer.arenas, layer.read_ahead, *(t for pair in layer.packed_tensors() for t in pair)]
+    shared = [*layer.arenas, *(t for pair in layer.packed_tensors() for t in pair)]
     for obj in shared:
         memo[id(obj)] = obj
     new.__dict__.update(copy.deepcopy(layer.__dict__, memo))
     return new
 
 
+def constructor_kwargs(layer) -> dict:
+    """The keyword arguments that construct a layer like ``layer`` (before any weight is loaded)."""
+    return dict(num_experts=layer.num_experts, top_k=layer.top_k, hidden_size=layer.hidden_size,
+                intermediate_size=layer.intermediate_size, weight_format=layer.weight_format,
+                mmap_experts_dir=layer.mmap_experts_dir, layer_idx=layer.layer_idx,
+                numa_parts=layer.numa_parts, group_size=layer.group_size, hugepage=layer._hugepage,
+                warm=layer.warm_mode, cache=layer.cache if layer.mmap_experts_dir is not None else None,
+                verify=layer.verify, cache_trust_others=layer.cache_trust_others,
+                activation=layer.activation, activation_params=layer.activation_params,
+                prefetch=layer.prefetch_mode)
+
+
 def reduce_layer(layer):
     """``__reduce__``: the experts by value (anonymous) or by the names of their kept cache files."""
-    kwargs, where = layer._constructor_kwargs(), f"KTMoE(layer {layer.layer_idx})"
+    kwargs, where = constructor_kwargs(layer), f"KTMoE(layer {layer.layer_idx})"
     biases = layer.biases()  # small: always by value
     if not layer.loaded:
         return (unpickle_ktmoe, (type(layer), kwargs, None, biases))
@@ -43,9 +55,8 @@ def reduce_layer(layer):
                         "(cache='off') that no other process can open, and copying them by value "
                         "would turn them into anonymous memory. Use cache='reuse' (the receiver then "
                         "maps the same cache files), or copy.deepcopy in-process.")
-    if not all(a.read_only and not a.cache_refusal for a in layer.arenas):  # no kept file to map
-        why = "; ".join(dict.fromkeys(a.cache_refusal for a in layer.arenas if a.cache_refusal)) or (
-            "no cache file was kept")
+    if not layer.arenas.kept:  # no kept file to map
+        why = layer.arenas.refusals() or "no cache file was kept"
         raise TypeError(f"cannot pickle {where}: its file-backed experts live in unnamed files that no "
                         f"other process can open: the cache in {layer.mmap_experts_dir} kept no file ({why}). "
                         "Use a cache directory that only you can write (or cache_trust_others=True), "

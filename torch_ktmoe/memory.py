@@ -1,5 +1,5 @@
-"""Process memory as a user checks it (anonymous vs file-backed RSS, plus arenas); headroom and read-ahead."""
-import os
+"""Process memory as a user checks it (anonymous vs file-backed RSS, plus arenas); headroom; whether file-backed
+experts fit in memory."""
 import resource
 
 from ._native import _C
@@ -141,7 +141,8 @@ def file_experts_fit_in_memory() -> bool:
     process's anonymous memory, and its mapped file pages plus the memory headroom
     (:func:`memory_headroom_bytes`). False: a model bigger than RAM (or its cgroup),
     whose cold experts are read from disk again while it runs. KTMoE's
-    ``prefetch="auto"`` reads ahead the routed experts then (:class:`ReadAhead`). Every figure is a kernel
+    ``prefetch="auto"`` reads ahead the routed experts then (the decision of each experts directory:
+    :class:`torch_ktmoe.experts_dir.ExpertsDir`). Every figure is a kernel
     counter (no page-table walk, no ``mincore``): each layer's load can ask.
     """
     file_bytes = _C.process_arena_stats()["file_backed_bytes"]
@@ -152,32 +153,6 @@ def file_experts_fit_in_memory() -> bool:
     ram = ram if cgroup is None else min(ram, cgroup[0])
     anon, mapped_file = _stat_field_kb("/proc/self/status", "RssAnon:"), _stat_field_kb("/proc/self/status", "RssFile:")
     return file_bytes <= min(ram - anon, mapped_file + memory_headroom_bytes())
-
-
-class ReadAhead:
-    """The read-ahead decision of one model: whether its file-backed experts fit in memory.
-
-    Shared by the layers whose experts live in one directory (its files are named
-    by layer index, so one directory holds one model's layers); each such layer's
-    load with ``prefetch="auto"`` asks :func:`file_experts_fit_in_memory` again, so
-    the model's last layer loaded decides for all its layers, and another model
-    (another directory) keeps its own decision.
-    """
-
-    def __init__(self):
-        self.file_experts_fit = True
-
-    def decide(self) -> bool:
-        self.file_experts_fit = file_experts_fit_in_memory()
-        return self.file_experts_fit
-
-
-_READ_AHEAD_BY_DIR = {}
-
-
-def model_read_ahead(directory: str) -> ReadAhead:
-    """The :class:`ReadAhead` of the model whose experts live in ``directory``."""
-    return _READ_AHEAD_BY_DIR.setdefault(os.path.realpath(directory), ReadAhead())
 
 
 def _stat_field_kb(path, field):

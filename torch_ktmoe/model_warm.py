@@ -1,10 +1,10 @@
 """ModelWarm: the background warm of one model, one worker per experts directory (``KTMoE(warm="auto")``).
 
 ``warm="auto"`` (KTMoE's default) hands each loaded layer with file-backed experts to the
-:class:`ModelWarm` of its directory (one directory holds one model's layers, as for
-:class:`torch_ktmoe.memory.ReadAhead`) while the model's file-backed experts fit in memory, the
-decision read-ahead already takes at every load (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`:
-the last layer loaded sees the whole model). One worker thread per model prefaults the layers in
+:class:`ModelWarm` of its :class:`torch_ktmoe.experts_dir.ExpertsDir` (one directory holds one model's
+layers) while the model's file-backed experts fit in memory, the decision read-ahead already takes at
+every load (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`: the last layer loaded sees the whole
+model). One worker thread per model prefaults the layers in
 load order, one arena at a time (:meth:`WeightArena.prefault`: ``read()`` at disk speed, then
 ``MADV_POPULATE_READ``), while the first tokens run. A load that finds the model no longer fits
 stops it (:meth:`stop`: the read in flight ends within one 64 MiB step, queued layers are dropped)
@@ -14,21 +14,19 @@ memory headroom when its turn comes (:meth:`LayerArenas.read_budget`).
 Threads and lifetime: the reads run in the arena's C++ I/O thread without the GIL; the worker
 (a daemon thread) only starts them and polls their status 50 times a second, holding weak
 references, so it keeps no layer alive: freeing a layer stops its read (the arena's destructor).
-The worker ends when its queue is empty; :func:`stop_all` (registered with ``atexit``) stops
-every model's warm at interpreter exit. A child made by ``fork()`` (data loaders, multiprocessing's
-fork start method, pre-forking servers) has none of the parent's threads: it starts with no warm
-(:func:`_forget_warms_in_child`, registered with :func:`os.register_at_fork`; the arenas forget
-their prefault threads in C++ likewise), so its ``join_warm()`` and its exit do not wait for
+The worker ends when its queue is empty; :func:`torch_ktmoe.experts_dir.stop_all_warms` (registered
+with ``atexit``) stops every model's warm at interpreter exit. A child made by ``fork()`` (data loaders,
+multiprocessing's fork start method, pre-forking servers) has none of the parent's threads: it starts with
+no warm (:meth:`ModelWarm.forget_after_fork`, called by experts_dir.py's :func:`os.register_at_fork`
+handler; the arenas forget their prefault threads in C++ likewise), so its ``join_warm()`` and its exit do not wait for
 them. An error while warming (``prefault_status`` ``"error: ..."``) warns (:class:`WarmWarning`)
 and is kept in :meth:`progress`; the forward then faults the pages in as without warm.
 """
-import atexit
-import os
 import threading
 import time
 import warnings
 import weakref
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 POLL_S = 0.02  # how often the worker looks at the read in flight (its only GIL use while warming)
 
@@ -40,13 +38,13 @@ class WarmWarning(UserWarning):
 class ModelWarm:
     """The background warm of the layers whose experts live in one directory (see the module)."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
+    def __init__(self, experts_dir):
+        self.experts_dir = experts_dir  # the ExpertsDir it warms (its path, its layers)
+        self.directory = experts_dir.path
         self._lock = threading.Condition()
         self._queue: List[weakref.ref] = []  # LayerArenas, load order
         self._current: Optional[weakref.ref] = None  # the WeightArena being prefaulted
         self._thread: Optional[threading.Thread] = None
-        self._layers: List[weakref.ref] = []  # every LayerArenas handed over (progress)
         self.stopped_reason = ""  # why warming stopped; "" while it may run
         self.warmed_layers = 0
         self.warmed_bytes = 0  # bytes the finished prefaults went through
@@ -63,8 +61,6 @@ class ModelWarm:
             if not any(r() is arenas for r in self._queue):
                 self._queue.append(weakref.ref(arenas))
                 arenas.warm_pending = True
-            if not any(r() is arenas for r in self._layers):
-                self._layers = [r for r in self._layers if r() is not None] + [weakref.ref(arenas)]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"ktmoe-warm:{self.directory}", daemon=True)
                 self._thread.start()
@@ -113,13 +109,10 @@ class ModelWarm:
         finished prefaults went through), ``file_backed_bytes`` and ``resident_bytes`` (``mincore``) of
         the model's live layers, ``stopped_reason`` and ``errors`` (a layer with one is not counted warmed)."""
         with self._lock:
-            layers = [r() for r in self._layers]
             out = dict(directory=self.directory, running=self._thread is not None,
                        queued_layers=sum(r() is not None for r in self._queue), warmed_layers=self.warmed_layers,
                        warmed_bytes=self.warmed_bytes, stopped_reason=self.stopped_reason, errors=list(self.errors))
-        layers = [a for a in layers if a is not None]
-        out["file_backed_bytes"] = sum(a.file_backed_bytes for a in layers)
-        out["resident_bytes"] = sum(a.file_resident_bytes for a in layers)
+        out.update(self.experts_dir.residency())
         return out
 
     # ------------------------------------------------------------ worker
@@ -192,43 +185,3 @@ class ModelWarm:
             del a
             time.sleep(POLL_S)
 
-
-_BY_DIR: Dict[str, ModelWarm] = {}
-_BY_DIR_LOCK = threading.Lock()
-
-
-def model_warm(directory: str) -> ModelWarm:
-    """The :class:`ModelWarm` of the model whose experts live in ``directory``."""
-    with _BY_DIR_LOCK:
-        return _BY_DIR.setdefault(os.path.realpath(directory), ModelWarm(os.path.realpath(directory)))
-
-
-def warm_on_load(arenas, directory: str, fits: bool) -> ModelWarm:
-    """``warm="auto"`` at the end of a layer's load: queue it while the model fits, else stop the model's warm."""
-    warm = model_warm(directory)
-    if fits:
-        warm.add(arenas)
-    else:
-        warm.stop("the model's file-backed experts do not fit in memory: read-ahead of the routed experts instead")
-    return warm
-
-
-def _forget_warms_in_child() -> None:
-    global _BY_DIR_LOCK
-    _BY_DIR_LOCK = threading.Lock()  # a parent thread may have held it at the fork
-    for w in _BY_DIR.values():
-        w.forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_forget_warms_in_child)
-
-
-@atexit.register
-def stop_all() -> None:
-    """Stops every model's background warm and waits for the workers (interpreter exit)."""
-    with _BY_DIR_LOCK:
-        warms = list(_BY_DIR.values())
-    for w in warms:
-        w.stop("interpreter exit")
-    for w in warms:
-        w.join(timeout=5.0)

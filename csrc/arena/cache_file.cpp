@@ -138,14 +138,17 @@ std::string check_trusted(const struct stat& st, const std::string& what, bool t
   return "";
 }
 
+std::string cache_file_name(const std::string& name) { return name + kCacheSuffix; }
+std::string cache_lock_name(const std::string& name) { return cache_file_name(name) + ".lock"; }
+
 std::string cache_file_path(const std::string& dir, const std::string& name) {
-  return dir + "/" + name + kCacheSuffix;
+  return dir + "/" + cache_file_name(name);
 }
 std::string cache_tmp_path(const std::string& dir, const std::string& name) {
   return cache_file_path(dir, name) + ".tmp." + std::to_string(getpid());
 }
 std::string cache_lock_path(const std::string& dir, const std::string& name) {
-  return cache_file_path(dir, name) + ".lock";
+  return dir + "/" + cache_lock_name(name);
 }
 
 std::string cache_arena_name(int64_t layer, int64_t part) {

@@ -100,6 +100,8 @@ std::string check_trusted(const struct stat& st, const std::string& what, bool t
 // `<name>.ktmoe` (kept), `<name>.ktmoe.tmp.<pid>` (a build), `<name>.ktmoe.lock`,
 // and the names of a layer's arenas.
 constexpr char kCacheSuffix[] = ".ktmoe";
+std::string cache_file_name(const std::string& name);  // <name>.ktmoe
+std::string cache_lock_name(const std::string& name);  // <name>.ktmoe.lock
 std::string cache_file_path(const std::string& dir, const std::string& name);
 std::string cache_tmp_path(const std::string& dir, const std::string& name);  // .tmp.<pid>
 std::string cache_lock_path(const std::string& dir, const std::string& name);

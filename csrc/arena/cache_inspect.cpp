@@ -5,6 +5,9 @@
 
 #include <cstring>
 
+#include "arena/kept_file.h"
+#include "arena/page_cache.h"
+
 namespace ktmoe {
 namespace {
 
@@ -38,8 +41,8 @@ std::string check_as_load(const std::string& path, const CacheLoadChecks& checks
   options.trust_others = true;
   options.hugepage = false;
   std::vector<void*> mapped;
-  return KtWeightArena::open(dir, name, options)
-      ->open_cached(checks.expect, checks.check_key, checks.check_content, verify_data, parallel_for, &mapped);
+  return open_cached(*WeightArena::open(dir, name, options), checks.expect, checks.check_key, checks.check_content,
+                     verify_data, parallel_for, &mapped);
 }
 
 }  // namespace

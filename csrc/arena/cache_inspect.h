@@ -21,11 +21,11 @@
 
 namespace ktmoe {
 
-// What a load of one key expects of a file and how it judges it (KtWeightArena::open_cached's arguments).
+// What a load of one key expects of a file and how it judges it (open_cached's arguments, kept_file.h).
 struct CacheLoadChecks {
   CacheKey expect;
   CacheKeyCheck check_key;
-  KtWeightArena::ContentCheck check_content;
+  ContentCheck check_content;
 };
 
 // Decodes the key bytes stored in a file: "" and *checks set, or why the key is

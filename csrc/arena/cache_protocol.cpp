@@ -8,6 +8,8 @@
 
 #include "arena/cache_file.h"
 #include "arena/cache_lock.h"
+#include "arena/kept_file.h"
+#include "arena/page_cache.h"
 
 namespace ktmoe {
 namespace {
@@ -15,7 +17,7 @@ namespace {
 constexpr int kInfo = 20, kWarning = 30;
 
 // Reads the kept file once with read() when it is a regular file within the limit (errors: the load says).
-void read_first(const KtWeightArena& arena, int64_t max_bytes) {
+void read_first(const WeightArena& arena, int64_t max_bytes) {
   if (max_bytes <= 0 || !arena.cache_refusal().empty() || !arena.open_error().empty()) return;
   const std::string path = cache_file_path(arena.dir(), arena.name());
   struct stat st;
@@ -26,11 +28,11 @@ void read_first(const KtWeightArena& arena, int64_t max_bytes) {
 
 // Removes the temp file of an unfinished build however the build ends (a no-op after a commit).
 struct AbortUncommitted {
-  KtWeightArena& arena;
-  ~AbortUncommitted() { arena.abort_build(); }
+  WeightArena& arena;
+  ~AbortUncommitted() { abort_build(arena); }
 };
 
-CacheOutcome map_only(KtWeightArena& arena, const CacheRequest& request, const CacheLoad& load) {
+CacheOutcome map_only(WeightArena& arena, const CacheRequest& request, const CacheLoad& load) {
   CacheOutcome out;
   read_first(arena, request.read_first_max_bytes);
   const std::string why = load();
@@ -48,7 +50,7 @@ CachePolicy parse_cache_policy(const std::string& name) {
   throw std::invalid_argument("cache policy must be 'reuse', 'rebuild' or 'map', got '" + name + "'");
 }
 
-CacheOutcome load_or_build_cache(KtWeightArena& arena, const CacheRequest& request, const CacheLoad& load,
+CacheOutcome load_or_build_cache(WeightArena& arena, const CacheRequest& request, const CacheLoad& load,
                                  const CacheBuild& build, const CacheLog& log) {
   if (request.policy == CachePolicy::kMap) return map_only(arena, request, load);
   CacheOutcome out;
@@ -56,9 +58,9 @@ CacheOutcome load_or_build_cache(KtWeightArena& arena, const CacheRequest& reque
   CacheLock lock(arena.dir(), arena.name(), arena.options().trust_others, request.lock_wait_seconds);
   if (arena.cache_refusal().empty()) {
     lock.acquire();
-    if (!lock.refused().empty()) arena.refuse_cache(lock.refused());
+    if (!lock.refused().empty()) refuse_cache(arena, lock.refused());
     if (!lock.busy().empty()) {
-      arena.refuse_cache(lock.busy());
+      refuse_cache(arena, lock.busy());
       out.warning = "ktmoe cache: " + arena.name() + ": " + lock.busy();
     }
     if (lock.locked())  // builds run under this lock: a temp file of this name is a crash's
@@ -79,7 +81,7 @@ CacheOutcome load_or_build_cache(KtWeightArena& arena, const CacheRequest& reque
   if (!build) return out;
   log(kInfo, "ktmoe cache: building " + arena.name() + " in " + arena.dir() + " (" + out.reason + ")");
   std::string error;
-  if (refusal.empty() && !arena.begin_build(&error))
+  if (refusal.empty() && !begin_build(arena, &error))
     log(kInfo, "ktmoe cache: " + arena.name() + " cannot be kept: " + error);
   {
     AbortUncommitted abort{arena};

@@ -52,7 +52,7 @@ using CacheLoad = std::function<std::string()>;
 using CacheBuild = std::function<std::string(bool keep)>;
 using CacheLog = std::function<void(int level, const std::string& text)>;
 
-CacheOutcome load_or_build_cache(KtWeightArena& arena, const CacheRequest& request, const CacheLoad& load,
+CacheOutcome load_or_build_cache(WeightArena& arena, const CacheRequest& request, const CacheLoad& load,
                                  const CacheBuild& build, const CacheLog& log);
 
 }  // namespace ktmoe

@@ -1,3 +1,5 @@
+// [NOTE] WeightArena (see weight_arena.h): allocation, fallback, statistics, the registry of live
+// arenas and its fork handler, resident_bytes / evict / prefault over the mapped slices.
 #include "arena/weight_arena.h"
 
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <new>
 
 #include "arena/numa_first_touch.h"
+#include "arena/page_cache.h"
 #include "common/posix_text.h"
 
 #ifndef HUGETLBFS_MAGIC
@@ -57,23 +60,23 @@ struct ProcessTotals {
   std::mutex mutex;
   ProcessArenaStats stats;
   int64_t next_id = 0;
-  std::vector<std::weak_ptr<KtWeightArena>> arenas;  // creation order
+  std::vector<std::weak_ptr<WeightArena>> arenas;  // creation order
 };
 ProcessTotals& totals();
 
 // [NOTE] fork: a forked child has one thread. An arena's background prefault
 // runs on in the parent only: in the child its std::thread is a stale handle
 // (joining it is undefined; glibc may hand its stack to the child's next thread),
-// its status would read "running" forever, and a prefault lock a parent thread
-// held (join_prefault, a wait=true prefault) stays held, so the child's
-// stop_prefault and destructor could wait forever. The child handler lets every
-// live arena forget them (forget_prefault_after_fork); the list's own lock is
-// taken around fork() so the child sees the list whole.
+// its status would read "running" forever, and a prefaulter lock a parent thread
+// held (join, a wait=true run) stays held, so the child's stop and destructor
+// could wait forever. The child handler lets every live arena's prefaulter forget
+// them (Prefaulter::forget_after_fork); the list's own lock is taken around
+// fork() so the child sees the list whole.
 void lock_totals_for_fork() { totals().mutex.lock(); }
 void unlock_totals_after_fork() { totals().mutex.unlock(); }
 void forget_prefaults_in_child() {
   for (const auto& w : totals().arenas)
-    if (auto a = w.lock()) a->forget_prefault_after_fork();
+    if (auto a = w.lock()) a->prefaulter().forget_after_fork();
   totals().mutex.unlock();
 }
 
@@ -88,9 +91,9 @@ ProcessTotals& totals() {
 
 }  // namespace
 
-std::shared_ptr<KtWeightArena> KtWeightArena::open(const std::string& dir, const std::string& name,
+std::shared_ptr<WeightArena> WeightArena::open(const std::string& dir, const std::string& name,
                                                    const ArenaOptions& options) {
-  std::shared_ptr<KtWeightArena> arena(new KtWeightArena(dir, name, options));
+  std::shared_ptr<WeightArena> arena(new WeightArena(dir, name, options));
   if (!dir.empty()) arena->open_file();
   std::lock_guard<std::mutex> lock(totals().mutex);
   auto& list = totals().arenas;
@@ -99,22 +102,22 @@ std::shared_ptr<KtWeightArena> KtWeightArena::open(const std::string& dir, const
   return arena;
 }
 
-std::vector<std::shared_ptr<KtWeightArena>> KtWeightArena::live() {
+std::vector<std::shared_ptr<WeightArena>> WeightArena::live() {
   std::lock_guard<std::mutex> lock(totals().mutex);
-  std::vector<std::shared_ptr<KtWeightArena>> out;
+  std::vector<std::shared_ptr<WeightArena>> out;
   for (const auto& w : totals().arenas)
     if (auto a = w.lock()) out.push_back(std::move(a));
   return out;
 }
 
-KtWeightArena::KtWeightArena(std::string dir, std::string name, const ArenaOptions& options)
+WeightArena::WeightArena(std::string dir, std::string name, const ArenaOptions& options)
     : dir_(std::move(dir)), name_(std::move(name)), options_(options) {
   std::lock_guard<std::mutex> lock(totals().mutex);
   totals().stats.arenas += 1;
   id_ = totals().next_id++;
 }
 
-void KtWeightArena::open_file() {
+void WeightArena::open_file() {
   open_error_ = check_name(name_);
   if (open_error_.empty()) open_error_ = check_dir(dir_);
   if (!open_error_.empty()) return;
@@ -127,23 +130,15 @@ void KtWeightArena::open_file() {
   open_unnamed_file();
 }
 
-void KtWeightArena::open_unnamed_file() { file_ = BackingFile::unnamed(dir_, name_, &open_error_); }
+void WeightArena::open_unnamed_file() { file_ = BackingFile::unnamed(dir_, name_, &open_error_); }
 
-void KtWeightArena::refuse_cache(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!cache_refusal_.empty() || anonymous_mode()) return;
-  cache_refusal_ = reason;
-  if (!file_.valid() && open_error_.empty() && !holds_memory() && !options_.map_only) open_unnamed_file();
-}
-
-std::string KtWeightArena::cache_refusal() const {
+std::string WeightArena::cache_refusal() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cache_refusal_;
 }
 
-KtWeightArena::~KtWeightArena() {
-  prefault_stop_.store(true);
-  join_prefault();  // the background prefault reads slices that are unmapped below
+WeightArena::~WeightArena() {
+  prefaulter_.stop();  // a background prefault reads slices that are unmapped below
   mapped_.clear();  // munmap
   anon_.clear();    // free
   file_ = BackingFile();  // close; an unkept temp build file is removed
@@ -154,7 +149,7 @@ KtWeightArena::~KtWeightArena() {
   totals().stats.anon_bytes -= stats_.anon_bytes;
 }
 
-void* KtWeightArena::map_slice(int64_t n, std::string* error) {
+void* WeightArena::map_slice(int64_t n, std::string* error) {
   const int64_t bytes = round_up_to(n, kSliceAlign);
   const int64_t offset = file_.size();
   // Reserve the blocks first: a full disk fails here, not as SIGBUS on a write fault.
@@ -170,7 +165,7 @@ void* KtWeightArena::map_slice(int64_t n, std::string* error) {
   return addr;
 }
 
-void* KtWeightArena::alloc_anonymous(int64_t n) {
+void* WeightArena::alloc_anonymous(int64_t n) {
   anon_.reserve(anon_.size() + 1);  // the push below cannot throw and leak the memory
   // from 2 MiB up its own mapping, on huge pages; the heap when that is off or mmap fails
   void* p = options_.hugepage && n >= kHugePageBytes ? map_huge_pages(n) : nullptr;
@@ -181,7 +176,7 @@ void* KtWeightArena::alloc_anonymous(int64_t n) {
   return p;
 }
 
-void KtWeightArena::record_fallback(const std::string& reason) {
+void WeightArena::record_fallback(const std::string& reason) {
   stats_.fallbacks += 1;
   stats_.fallback_reasons.push_back(reason);
   std::lock_guard<std::mutex> lock(totals().mutex);
@@ -192,7 +187,7 @@ void KtWeightArena::record_fallback(const std::string& reason) {
   t.fallback_reasons.push_back(reason);
 }
 
-void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
+void* WeightArena::alloc(int64_t n, bool* file_backed) {
   if (n <= 0) n = 1;
   std::lock_guard<std::mutex> lock(mutex_);
   void* p = nullptr;
@@ -209,7 +204,7 @@ void* KtWeightArena::alloc(int64_t n, bool* file_backed) {
   return p;
 }
 
-void KtWeightArena::count_allocation(int64_t n, bool in_file) {
+void WeightArena::count_allocation(int64_t n, bool in_file) {
   stats_.allocations += 1;
   (in_file ? stats_.file_backed_bytes : stats_.anon_bytes) += n;
   std::lock_guard<std::mutex> total_lock(totals().mutex);
@@ -217,36 +212,80 @@ void KtWeightArena::count_allocation(int64_t n, bool in_file) {
   (in_file ? totals().stats.file_backed_bytes : totals().stats.anon_bytes) += n;
 }
 
-int64_t KtWeightArena::file_offset_locked(const void* p) const {
+int64_t WeightArena::file_offset_locked(const void* p) const {
   for (const MappedSlice& s : mapped_)
     if (s.contains(p))
       return s.offset() + int64_t(static_cast<const char*>(p) - static_cast<const char*>(s.addr()));
   return -1;
 }
 
-bool KtWeightArena::writeback(bool wait, std::string* error) {
+bool WeightArena::writeback(bool wait, std::string* error) {
   std::lock_guard<std::mutex> lock(mutex_);
   return read_only_ || file_.writeback(wait, error);
 }
 
-std::string KtWeightArena::warn_once() {
+std::string WeightArena::warn_once() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (warned_ || stats_.fallback_reasons.empty()) return "";
   warned_ = true;
   return stats_.fallback_reasons.front();
 }
 
-int64_t KtWeightArena::file_bytes() const {
+int64_t WeightArena::file_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return file_.size();
 }
 
-ArenaStats KtWeightArena::stats() const {
+ArenaStats WeightArena::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
 }
 
-ProcessArenaStats KtWeightArena::process_stats() {
+std::vector<FileSpan> WeightArena::mapped_spans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<FileSpan> spans;
+  for (const MappedSlice& s : mapped_) spans.push_back({s.addr(), s.bytes(), s.offset()});
+  return spans;
+}
+
+int64_t WeightArena::resident_bytes() const {
+  int64_t anon = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    anon = stats_.anon_bytes;
+  }
+  int64_t resident = 0;
+  for (const FileSpan& s : mapped_spans()) resident += mincore_resident(s.addr, s.bytes);  // mapped until destruction
+  return resident + anon;
+}
+
+bool WeightArena::evict(std::string* error) {
+  if (!file_.valid()) return true;
+  if (!writeback(/*wait=*/true, error)) return false;
+  for (const FileSpan& s : mapped_spans()) {
+    if (::madvise(s.addr, static_cast<size_t>(s.bytes), MADV_DONTNEED) != 0) {
+      if (error) *error = errno_text("madvise(MADV_DONTNEED)");
+      return false;
+    }
+  }
+  if (int rc = ::posix_fadvise(file_.fd(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+    errno = rc;
+    if (error) *error = errno_text("posix_fadvise(POSIX_FADV_DONTNEED)");
+    return false;
+  }
+  return true;
+}
+
+bool WeightArena::prefault(bool wait, std::string* error) {
+  if (!file_.valid()) {
+    prefaulter_.join();
+    return true;
+  }
+  // the file stays open (and the same) while slices are mapped
+  return prefaulter_.run(mapped_spans(), file_.fd(), wait, error);
+}
+
+ProcessArenaStats WeightArena::process_stats() {
   std::lock_guard<std::mutex> lock(totals().mutex);
   return totals().stats;
 }

@@ -14,11 +14,11 @@
 namespace ktmoe {
 
 // A uint8 tensor of `sizes` viewing `data` (memory of `arena`); keeps the arena alive.
-at::Tensor arena_tensor(const std::shared_ptr<KtWeightArena>& arena, void* data, at::IntArrayRef sizes);
+at::Tensor arena_tensor(const std::shared_ptr<WeightArena>& arena, void* data, at::IntArrayRef sizes);
 
 // A uint8 tensor of `sizes` (row-major, contiguous) in new arena memory.
 // Fallbacks are not reported here: the Python side turns the arena's
 // warn_once() into a warning.
-at::Tensor arena_empty(const std::shared_ptr<KtWeightArena>& arena, at::IntArrayRef sizes);
+at::Tensor arena_empty(const std::shared_ptr<WeightArena>& arena, at::IntArrayRef sizes);
 
 }  // namespace ktmoe

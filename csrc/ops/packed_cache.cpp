@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "arena/cache_inspect.h"
+#include "arena/kept_file.h"
 #include "arena/read_ahead.h"
 #include "kernels/pack.h"
 #include "kernels/packed_header_check.h"
@@ -187,12 +188,12 @@ PackedCacheKey packed_cache_key(const std::string& weight_format, int64_t group_
 // Always checks every expert's packed header against the key (a forged field is
 // "corrupt: w13 expert e header: <field> ..."); verify_data also compares the
 // data checksums (reads every byte).
-static std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+static std::string load_packed_cache(const std::shared_ptr<WeightArena>& arena, const PackedCacheKey& key,
                                      bool verify_data, at::Tensor* w13, at::Tensor* w2) {
   const CacheLoadChecks checks = load_checks(key);
   std::vector<void*> data;
-  std::string reason = arena->open_cached(checks.expect, checks.check_key, checks.check_content, verify_data,
-                                          aten_parallel_for, &data);
+  std::string reason = open_cached(*arena, checks.expect, checks.check_key, checks.check_content, verify_data,
+                                   aten_parallel_for, &data);
   if (!reason.empty()) return reason;
   *w13 = arena_tensor(arena, data[0], {key.experts, key.w13_bytes});
   *w2 = arena_tensor(arena, data[1], {key.experts, key.w2_bytes});
@@ -200,7 +201,7 @@ static std::string load_packed_cache(const std::shared_ptr<KtWeightArena>& arena
 }
 
 // Commits a build whose w13/w2 were packed into the arena; "" or the error.
-static std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+static std::string commit_packed_cache(const std::shared_ptr<WeightArena>& arena, const PackedCacheKey& key,
                                 const at::Tensor& w13, const at::Tensor& w2) {
   const at::Tensor* t[2] = {&w13, &w2};
   const int64_t cols[2] = {key.w13_bytes, key.w2_bytes};
@@ -210,11 +211,11 @@ static std::string commit_packed_cache(const std::shared_ptr<KtWeightArena>& are
                 "ktmoe cache: packed tensor ", i, " has shape ", t[i]->sizes(), ", expected [", key.experts, ", ",
                 cols[i], "] uint8");
   std::string error;
-  arena->commit_build(key.arena_key(), {w13.data_ptr(), w2.data_ptr()}, aten_parallel_for, &error);
+  commit_build(*arena, key.arena_key(), {w13.data_ptr(), w2.data_ptr()}, aten_parallel_for, &error);
   return error;
 }
 
-PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<WeightArena>& arena, const PackedCacheKey& key,
                                              const CacheRequest& request, bool verify_data, const PackExperts& pack,
                                              const CacheLog& log) {
   PackedCacheResult out;

@@ -7,7 +7,7 @@
 // ("stale: weight format is ..."), and checks every expert's packed header in a
 // mapped file; inspection decodes a file's own key and runs the same checks
 // (arena/cache_inspect.h does the file side). The atomic build / copy-on-write
-// map is KtWeightArena (weight_arena_cache.cpp).
+// map is the arena's kept file (arena/kept_file.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -57,7 +57,7 @@ struct PackedCacheResult {
   CacheOutcome outcome;
   at::Tensor w13, w2;  // undefined after a miss without a build
 };
-PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<KtWeightArena>& arena, const PackedCacheKey& key,
+PackedCacheResult load_or_build_packed_cache(const std::shared_ptr<WeightArena>& arena, const PackedCacheKey& key,
                                              const CacheRequest& request, bool verify_data, const PackExperts& pack,
                                              const CacheLog& log);
 

@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from .._native import _C
 from ..arena import WeightArena
-from ..cache import CACHE_SUFFIX
+from ..experts_dir import layer_lock_names
 from ..layer import KTMoE
 from .experts import KTMoEExperts, dense_experts, unpacking_disabled
 from .packed_manifest import (
@@ -68,7 +68,6 @@ from .packed_manifest import (
     PackedDirError,
     experts_path,
     is_packed_dir,
-    layer_file_names,
     read_manifest,
 )
 from .patch import account
@@ -79,21 +78,12 @@ __all__ = ["MANIFEST", "PackedDirError", "is_packed_dir", "read_manifest", "save
            "map_packed_layers"]
 
 
-def _file_names(ktm) -> list[str]:
-    return layer_file_names(ktm.layer_idx, ktm.numa_parts)
-
-
-def _kept_files(ktm) -> bool:
-    """The layer's experts are mapped from (or were committed to) kept cache files the cache did not refuse."""
-    return all(a.read_only and not a.cache_refusal for a in ktm.arenas)
-
-
 def _is_valid_cache(ktm) -> bool:
     if not (ktm.mmap_experts_dir is not None and ktm.cache != "off" and ktm.cache_fingerprint is not None
-            and _kept_files(ktm)
+            and ktm.arenas.kept
             and all(s["anon_bytes"] == 0 and s["file_backed_bytes"] > 0 for s in ktm.arena_stats())):
         return False
-    for name in _file_names(ktm):  # the files now on disk (replaced or planted since?) hold these experts
+    for name in ktm.arenas.file_names():  # the files now on disk (replaced or planted since?) hold these experts
         info = _C.inspect_cache_file(os.path.join(ktm.mmap_experts_dir, name), False)
         if not info["valid"] or info.get("fingerprint") != ktm.cache_fingerprint:
             return False
@@ -103,7 +93,7 @@ def _is_valid_cache(ktm) -> bool:
 def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
     """Puts ``ktm``'s packed experts as cache files in ``experts_dir``; returns their fingerprint."""
     if _is_valid_cache(ktm):
-        for name in _file_names(ktm):  # checked again as copied (the source may have been replaced since)
+        for name in ktm.arenas.file_names():  # checked again as copied (the source may have been replaced since)
             copy = os.path.join(experts_dir, name)
             shutil.copyfile(os.path.join(ktm.mmap_experts_dir, name), copy)
             info = _C.inspect_cache_file(copy, False)
@@ -122,8 +112,8 @@ def _write_layer_files(ktm, experts_dir: str, where: str) -> str:
             raise PackedDirError(
                 f"save_packed: {where}: repacking the dequantized {ktm.weight_format} experts does not give the "
                 "same bytes; load the model with mmap_experts_dir= (cache files are then copied as they are)")
-    if copy.file_backed_bytes != copy.packed_bytes or not _kept_files(copy):
-        why = "; ".join(dict.fromkeys(a.cache_refusal for a in copy.arenas if a.cache_refusal))
+    if copy.file_backed_bytes != copy.packed_bytes or not copy.arenas.kept:
+        why = copy.arenas.refusals()
         raise PackedDirError(f"save_packed: {where}: could not write the experts as files in {experts_dir} "
                              f"({why or copy.arena_stats()})")
     return fingerprint
@@ -195,10 +185,11 @@ def _write_packed(model: nn.Module, adapters, directory: str, max_shard_size) ->
                            intermediate_size=ktm.intermediate_size, weight_format=ktm.weight_format,
                            group_size=ktm.group_size, numa_parts=ktm.numa_parts,
                            dense_dtype=str(adapter.dense_dtype).removeprefix("torch."),
-                           fingerprint=fingerprint, files=_file_names(ktm)))
-    for name in os.listdir(experts_dir):  # the build locks of the layers written above: a model ships none
-        if name.endswith(CACHE_SUFFIX + ".lock"):
-            os.unlink(os.path.join(experts_dir, name))
+                           fingerprint=fingerprint, files=ktm.arenas.file_names()))
+    for entry in layers:  # the build locks of the layers written above: a model ships none
+        for name in layer_lock_names(entry["layer_idx"], entry["numa_parts"]):
+            if os.path.lexists(os.path.join(experts_dir, name)):
+                os.unlink(os.path.join(experts_dir, name))
     with unpacking_disabled():  # the non-expert weights only
         state_dict = model.state_dict()
     model.save_pretrained(directory, state_dict=state_dict, max_shard_size=max_shard_size)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ..cache import CACHE_SUFFIX
 from ..checkpoint.files import read_json
+from ..experts_dir import layer_file_names
 from ..ops import WEIGHT_FORMATS
 
 MANIFEST = "ktmoe_packed.json"
@@ -30,11 +30,6 @@ class PackedDirError(RuntimeError):
 
 def is_packed_dir(path) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), MANIFEST))
-
-
-def layer_file_names(layer_idx: int, numa_parts: int) -> list[str]:
-    """The expert files of one layer: the KTMoE cache files ``layer{idx:04d}.part{p}.ktmoe``."""
-    return [f"layer{layer_idx:04d}.part{p}{CACHE_SUFFIX}" for p in range(numa_parts)]
 
 
 def snapshot_root(path) -> str:
