@@ -1,5 +1,9 @@
 // [NOTE] Binds WeightArena (memory, residency, statistics) and the process-wide arena
 // statistics. The cache methods are bind_cache.cpp's.
+#include <unistd.h>
+
+#include <vector>
+
 #include "arena/page_cache.h"
 #include "ops/arena_tensor.h"
 #include "python_bindings.h"
@@ -119,6 +123,38 @@ PyArenaClass bind_arena(py::module_& m) {
   });
   m.def("live_arenas", &live_arenas,
         "per live arena, oldest first: id, name, dir, file_mode, resident_bytes and its stats()");
+  // packed: a layer's packed tensors ([E, B] uint8, contiguous: w13 and w2 of each NUMA part); ids: its routing
+  // [T, k] (int64 or int32, < 0 skipped) -> (hits, misses) over the distinct routed experts: a hit when every
+  // page of the expert's row in every tensor is in the page cache (mincore; anonymous memory is resident).
+  // torch_ktmoe/residency.py asks it before each forward of file-backed experts: one call, no Python loop.
+  m.def("routed_experts_resident", [](const std::vector<at::Tensor>& packed, const at::Tensor& ids) {
+    TORCH_CHECK(!packed.empty(), "routed_experts_resident: no packed tensors");
+    const int64_t experts = packed[0].size(0), page = int64_t(::sysconf(_SC_PAGESIZE));
+    for (const at::Tensor& w : packed)
+      TORCH_CHECK(w.dim() == 2 && w.size(0) == experts && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                      w.device().is_cpu(),
+                  "routed_experts_resident: packed tensors must be contiguous CPU uint8 [E, B] with one E, got ",
+                  w.sizes(), " ", w.scalar_type());
+    const at::Tensor flat = ids.to(at::kLong).contiguous().reshape(-1);
+    std::vector<char> seen(size_t(experts), 0);
+    int64_t hits = 0, misses = 0;
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const int64_t e = flat.data_ptr<int64_t>()[i];
+      if (e < 0) continue;
+      TORCH_CHECK(e < experts, "routed_experts_resident: expert id ", e, " >= num_experts ", experts);
+      if (seen[size_t(e)]++) continue;
+      bool resident = true;
+      for (size_t t = 0; t < packed.size() && resident; ++t) {
+        const int64_t row_bytes = packed[t].size(1);
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(packed[t].data_ptr<uint8_t>() + e * row_bytes);
+        const uintptr_t first = begin & ~uintptr_t(page - 1);
+        const int64_t span = int64_t(begin + uintptr_t(row_bytes) - first);
+        resident = row_bytes == 0 || mincore_resident(reinterpret_cast<void*>(first), span) >= span;
+      }
+      ++(resident ? hits : misses);
+    }
+    return py::make_tuple(hits, misses);
+  }, py::arg("packed"), py::arg("ids"));
   return c;
 }
 

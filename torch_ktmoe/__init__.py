@@ -4,6 +4,7 @@
 * :class:`KTMoE` — an ``nn.Module`` over packed experts (``mmap_experts_dir=``
   keeps them in reclaimable ``MAP_SHARED`` files);
 * :func:`memory_report` — anonymous vs file RSS and arena statistics;
+* :func:`residency_report` — per layer, routed experts in RAM vs read from disk, bytes read per token;
 * ``torch_ktmoe.hf`` — the Hugging Face drop-in (imported on demand).
 """
 from ._native import _C
@@ -12,10 +13,11 @@ from .arena import ArenaFallbackWarning, WeightArena
 from .isa import active_isa, available_isas, isa_scope, set_isa
 from .layer import KTMoE
 from .memory import memory_report
+from .residency import residency_report
 
 __version__ = "0.1.0"
 
-__all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "set_isa", "isa_scope", "active_isa",
+__all__ = ["KTMoE", "WeightArena", "ArenaFallbackWarning", "memory_report", "residency_report", "set_isa", "isa_scope", "active_isa",
            "available_isas", "__version__"]
 
 _LAZY_SUBMODULES = ("hf",)  # imported on first attribute access: hf imports transformers

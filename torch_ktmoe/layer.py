@@ -12,6 +12,7 @@ from ._native import _C
 from .layer_arenas import LayerArenas
 from .part_packing import exact_companions, pack_part
 from .pending_experts import PendingExperts
+from .residency import LayerResidency
 from .paths import utf8_path
 
 
@@ -89,6 +90,11 @@ class KTMoE(nn.Module):
             model loaded decides for the model; another model keeps its own
             decision); ``True`` / ``False`` force it.
             Outputs are the same either way.
+        residency: count the routed experts found in RAM or read from disk, the bytes read and the
+            disk rate (:meth:`residency_stats`, :func:`torch_ktmoe.residency_report`; file-backed experts
+            only). ``"auto"`` (default): while the layer reads its routed experts ahead (``prefetching``:
+            they do not fit, or the warm has not reached them), where a forward's reads cost far more than
+            the count (~35 us at decode); ``True`` / ``False``: always / never.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
     :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
@@ -115,10 +121,12 @@ class KTMoE(nn.Module):
                  layer_idx: int = 0, numa_parts: Optional[int] = None, group_size: Optional[int] = None,
                  hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
-                 activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto"):
+                 activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto",
+                 residency: Union[str, bool] = "auto"):
         super().__init__()
-        if not (isinstance(prefetch, bool) or prefetch == "auto"):
-            raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
+        for name, mode in (("prefetch", prefetch), ("residency", residency)):
+            if not (isinstance(mode, bool) or mode == "auto"):
+                raise ValueError(f"{name} must be one of {PREFETCH_MODES}, got {mode!r}")
         params = ops.activation_params(activation, activation_params)  # ValueError naming what is wrong
         if warm not in WARM_MODES:
             raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
@@ -136,6 +144,8 @@ class KTMoE(nn.Module):
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
         self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
+        self.residency_mode = residency
+        self.residency: Optional[LayerResidency] = None  # file-backed experts: hits / misses (residency.py)
         self.activation = activation
         self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
         self._activation_args = (activation, list(params))  # the op's (activation, activation_params)
@@ -312,6 +322,7 @@ class KTMoE(nn.Module):
 
     def _after_load(self):
         file_backed = self.arenas.file_backed
+        self.residency = LayerResidency() if file_backed and self.residency_mode is not False else None
         self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
         if file_backed and (self._auto_prefetch or self.warm_mode == "auto"):
             self.arenas.experts_dir.loaded(self.arenas)  # decided again at each load: the last sees the whole model
@@ -359,11 +370,23 @@ class KTMoE(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
+        prefetch = self.prefetching
+        if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
+            return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
+        return self.residency.observe(self.packed_tensors(), topk_ids, hidden_states.numel() // self.hidden_size,
+                                      lambda: self._forward(hidden_states, topk_ids, topk_weights, prefetch))
+
+    def residency_stats(self) -> Optional[dict]:
+        """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py); None
+        for anonymous experts."""
+        return None if self.residency is None else self.residency.stats()
+
+    def _forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 prefetch: bool) -> torch.Tensor:
         buffers = self._buffers  # direct: nn.Module.__getattr__ costs a few us per buffer
         w13 = buffers["w13_0"]
         if w13.numel() == 0:
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
-        prefetch = self.prefetching
         plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
         if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
