@@ -22,7 +22,7 @@ CSRC = ROOT / "csrc"
 
 ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
 TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
-ISA_ORDER = ["generic", "avx2", "avx2_vnni", "avx2_vnni_evex", "avx512", "amx"]
+ISA_ORDER = ["generic", *ISA_FLAGS]  # link order: generic first
 
 
 class NinjaBuildError(RuntimeError):

@@ -1,6 +1,5 @@
 // [NOTE] The amx micro-kernel table: avx512's (AVX-512 F/BW/VL/DQ + BF16 + VNNI) with the
-// prefill gemms on AMX tiles. Opt-in only (KTMOE_ISA=amx, set_isa("amx")): "auto" never
-// picks it (isa_select.cpp), since its speed is not measured on AMX hardware yet.
+// prefill gemms on AMX tiles. "auto" picks it where the CPU has it (isa_select.cpp).
 //   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
 //   gemm_int_amx.cpp    tdpbsud over kINT8 k-quads and unpacked kINT4 codes, same rows
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
