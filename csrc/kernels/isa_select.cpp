@@ -5,6 +5,8 @@
 // "auto" may choose it. A new ISA is a new row.
 #include "kernels/isa_select.h"
 
+#include <iterator>
+
 namespace ktmoe {
 namespace {
 
@@ -27,8 +29,11 @@ const IsaRow kIsas[] = {
      [](const CpuFeatures& c) -> std::string { return !c.avx2 ? kAvx2 : c.avx2_vnni ? "" : "AVX-VNNI"; },
      avx2_vnni_kernels, true},
     {"avx512", [](const CpuFeatures& c) -> std::string { return c.avx512 ? "" : kAvx512; }, avx512_kernels, true},
-    {"amx", [](const CpuFeatures& c) -> std::string { return !c.avx512 ? kAvx512 : c.amx_missing; }, amx_kernels,
-     true},
+    {"amx",
+     [](const CpuFeatures& c) -> std::string {
+       return !c.avx512 ? kAvx512 : c.amx ? "" : c.amx_missing.empty() ? "AMX" : c.amx_missing;
+     },
+     amx_kernels, true},
 };
 
 const IsaRow* row_named(const std::string& name) {
