@@ -56,20 +56,20 @@ test-sglang: $(SGL_STAMP)
 		--confcutdir=tests/integration tests/integration
 
 bench: build
-	$(PYTHON) -m benchmarks.bench_moe
+	$(PYTHON) -m benchmarks.layer.bench_moe
 
 # a 30B-class MoE (int8, ~29 GB) against llama.cpp's mmap under memory cgroups: ~60 GB of disk, tens of
-# minutes, root; builds libllama from the llama-cpp-python sdist (benchmarks/bench_scale.py)
+# minutes, root; builds libllama from the llama-cpp-python sdist (benchmarks/model/bench_scale.py)
 bench-scale: build
 	$(PIP) install -q gguf
-	$(PYTHON) -m benchmarks.bench_scale
+	$(PYTHON) -m benchmarks.model.bench_scale
 
 # Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages),
 # and llama.cpp's ggml CPU backend with the MoE-layer harness (build/llama_peer/).
 peers: deps
 	$(PIP) install -q --no-deps kt-kernel==0.7.2
 	$(PIP) install -q gguf
-	PYTHON=$(PYTHON) bash benchmarks/llama_peer/build.sh
+	PYTHON=$(PYTHON) bash benchmarks/baselines/llama/build.sh moe_layer_ggml
 
 # Install into site-packages (builds against the installed torch).
 install: deps

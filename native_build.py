@@ -22,7 +22,7 @@ CSRC = ROOT / "csrc"
 
 ISA_FLAGS = {k: v for k, v in json.loads((CSRC / "isa_flags.json").read_text()).items() if not k.startswith("_")}
 TORCH_FREE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unused-function", "-fno-math-errno"]
-ISA_ORDER = ["generic", "avx2", "avx2_vnni", "avx2_vnni_evex", "avx512", "amx"]
+ISA_ORDER = ["generic", *ISA_FLAGS]  # link order: generic first
 
 
 class NinjaBuildError(RuntimeError):
@@ -71,8 +71,9 @@ def _esc(text) -> str:
     return str(text).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def ninja_file_text(build_dir: Path, sources, executable=None, link_flags=()):
-    """(build.ninja text, objects in link order) compiling `sources` into build_dir, linking `executable` if given."""
+def ninja_file_text(build_dir: Path, sources, executable=None, link_flags=(), extra_flags=()):
+    """(build.ninja text, objects in link order) compiling `sources` into build_dir (each with its flags from
+    the table, then `extra_flags`), linking `executable` if given."""
     cxx = os.environ.get("CXX", "g++")
     lines = ["ninja_required_version = 1.3", f"cxx = {_esc(cxx)}", "",
              "rule cxx",  # the compiler's output goes to OBJ.log, shown when the compile fails
@@ -90,7 +91,8 @@ def ninja_file_text(build_dir: Path, sources, executable=None, link_flags=()):
         obj = build_dir / _object_name(unit)
         objects.append(obj)
         lines += [f"build {_esc(obj)}: cxx {_esc(src)}",
-                  "  flags = " + " ".join(shlex.quote(f) for f in compile_flags(unit)).replace("$", "$$"),
+                  "  flags = " + " ".join(shlex.quote(f) for f in [*compile_flags(unit), *extra_flags])
+                  .replace("$", "$$"),
                   f"  src = {_esc(src.relative_to(ROOT))}" + (f"$ as$ {unit.isa}" if src is not unit else "")]
     if executable is not None:
         lines += [f"build {_esc(build_dir / executable)}: link " + " ".join(_esc(o) for o in objects),
@@ -111,14 +113,14 @@ def run_ninja(build_dir: Path, capture=False) -> None:
                                                                     " (see above)"))
 
 
-def ninja_build(build_dir: Path, sources, executable=None, link_flags=(), capture=False):
+def ninja_build(build_dir: Path, sources, executable=None, link_flags=(), capture=False, extra_flags=()):
     """Compiles `sources` with the flags table into build_dir (and links `executable`); returns the objects.
 
     Objects are named after their path in the repository (csrc/kernels/pack.cpp ->
     build_dir/csrc/kernels/pack.o) and listed in link order.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
-    text, objects = ninja_file_text(build_dir, sources, executable, link_flags)
+    text, objects = ninja_file_text(build_dir, sources, executable, link_flags, extra_flags)
     ninja_file = build_dir / "build.ninja"
     if not ninja_file.exists() or ninja_file.read_text() != text:
         ninja_file.write_text(text)

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from benchmarks.bench_e2e import main as bench_e2e_main
-from benchmarks.scale import common as C
-from benchmarks.scale import decode_generate, e2e, models
-from benchmarks.scale import e2e_report as R
+from benchmarks.model.bench_e2e import main as bench_e2e_main
+from benchmarks.model.scale import common as C
+from benchmarks.model.scale import decode_generate, e2e, models
+from benchmarks.model.scale import e2e_report as R
 
 
 # ---------------------------------------------------------------- options
@@ -34,7 +34,7 @@ def test_parse_args_defaults():
     args = e2e.parse_args([], 16)
     assert args.systems == ["eager", "compiled", "llama"] and args.routings == ["uniform", "zipf"]
     assert args.new_tokens == 2 + 16 + 64 + 32  # first token, compiling step, cold window, warm-up, steady window
-    assert args.json.endswith("bench_e2e_scale16.json")
+    assert args.out.endswith("bench_e2e_scale16.json")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -2,7 +2,7 @@
 
 The advice is visible as the ``hg`` flag (VM_HUGEPAGE) of the mapping in /proc/self/smaps, whatever the
 kernel then gives: that is what these tests check. Whether 2 MiB pages arrive depends on THP's mode and
-free memory; the speed it buys is measured by benchmarks/bench_huge_pages.py, not here.
+free memory; the speed it buys is measured by benchmarks/memory/bench_huge_pages.py, not here.
 """
 import os
 

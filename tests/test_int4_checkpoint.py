@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from torch_ktmoe.checkpoint import SafetensorsCheckpoint, check_int4_config, find_experts
 from torch_ktmoe.checkpoint.int4_linear import unpack_int32_nibbles
 from torch_ktmoe.reference import moe_reference, relative_error
-from tests.helpers.int4_checkpoints import AWQ_ORDER, ct_quantize, gptq_quantize
+from tests.helpers.int4_checkpoints import AWQ_ORDER, ct_quantize, gptq_quantize, quantize_int4
 
 pytest.importorskip("compressed_tensors")
 
@@ -20,13 +20,6 @@ SHAPES = {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}
 KINDS = ("ct", "ct_asym", "gptq", "awq", "gptq_down_act_order")
 
 
-def quantize(kind: str, w: torch.Tensor, name: str, seed: int):
-    if kind.startswith("ct"):
-        return ct_quantize(w, symmetric=kind == "ct")
-    return gptq_quantize(w, awq=kind == "awq", act_order=kind.endswith("act_order") and name == "down_proj",
-                         seed=seed)
-
-
 def int4_experts_tensors(kind: str, seed: int = 0):
     """({key: tensor} of E experts in ``kind``, [(gate_up [2I, H], down [H, I])] of their dequantized weights)."""
     g = torch.Generator().manual_seed(seed)
@@ -34,7 +27,7 @@ def int4_experts_tensors(kind: str, seed: int = 0):
     for e in range(E):
         deq = {}
         for name, (n, k) in SHAPES.items():
-            parts, deq[name] = quantize(kind, torch.randn(n, k, generator=g) / k ** 0.5, name, seed=e)
+            parts, deq[name] = quantize_int4(kind, torch.randn(n, k, generator=g) / k ** 0.5, name, seed=e)
             t.update({f"{PREFIX}.{e}.{name}.{s}": v for s, v in parts.items()})
         ref.append((torch.cat([deq["gate_proj"], deq["up_proj"]]), deq["down_proj"]))
     return t, ref

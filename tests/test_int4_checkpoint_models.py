@@ -10,7 +10,7 @@ import torch_ktmoe
 from torch_ktmoe.reference import moe_reference, relative_error
 from torch_ktmoe.sglang import KTMoEWrapper
 from tests.helpers import FORMAT_TOLERANCE, QUANTIZED_REFERENCE_TOLERANCE
-from tests.helpers.int4_checkpoints import int4_checkpoint
+from tests.helpers.int4_checkpoints import int4_checkpoint, quantize_int4
 from tests.helpers.quantized_models import greedy, tiny_config
 
 pytest.importorskip("transformers")
@@ -103,7 +103,6 @@ E, H, I, L = 6, 256, 160, 1
 @pytest.fixture(scope="module", params=["compressed-tensors", "gptq", "awq"])
 def int4_layer(request, tmp_path_factory):
     """(checkpoint dir of one int4 experts layer L, gate_up [E, 2I, H], down [E, H, I] dequantized)."""
-    from tests.test_int4_checkpoint import quantize
     from safetensors.torch import save_file
 
     kind = {"compressed-tensors": "ct", "gptq": "gptq_down_act_order", "awq": "awq"}[request.param]
@@ -112,7 +111,7 @@ def int4_layer(request, tmp_path_factory):
     for e in range(E):
         deq = {}
         for name, (n, k) in {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}.items():
-            parts, deq[name] = quantize(kind, torch.randn(n, k, generator=g) / k ** 0.5, name, seed=e)
+            parts, deq[name] = quantize_int4(kind, torch.randn(n, k, generator=g) / k ** 0.5, name, seed=e)
             t.update({f"model.layers.{L}.mlp.experts.{e}.{name}.{s}": v for s, v in parts.items()})
         gate_up.append(torch.cat([deq["gate_proj"], deq["up_proj"]]))
         down.append(deq["down_proj"])

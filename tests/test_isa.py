@@ -1,4 +1,4 @@
-"""ISA selection: isa_scope (this thread's calls only) beside the process-wide set_isa; amx opt-in only."""
+"""ISA selection: isa_scope (this thread's calls only) beside the process-wide set_isa; auto picks the best, amx included."""
 import os
 import subprocess
 import sys

@@ -1,7 +1,12 @@
-"""The package's surface: ``import torch_ktmoe`` stays light, ``hf`` comes on demand, the demo dispatches."""
+"""The package's surface: ``import torch_ktmoe`` stays light, ``hf`` comes on demand, the demo dispatches,
+and nothing in the package imports the harness (data flows down); compile caches are keyed by the ops' schemas."""
+import ast
+import pathlib
 import re
 
 from ktmoe_harness.child import run_python
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "torch_ktmoe"
 
 
 def test_import_does_not_pull_transformers_and_hf_is_a_lazy_attribute():
@@ -23,6 +28,15 @@ def test_cli_demo_hands_its_flags_to_the_harness_demo():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "python -m torch_ktmoe demo" in res.stdout and "--layers" in res.stdout
 
+
+def test_the_package_never_imports_the_harness():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            upward += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for n in names if n.split(".")[0] == "ktmoe_harness"]
+    assert not upward, f"torch_ktmoe imports ktmoe_harness at {upward}"
 
 
 def test_compile_caches_are_keyed_by_the_ops_schemas():

@@ -3,7 +3,7 @@
 The read-ahead (MADV_WILLNEED over each routed expert's packed rows) must never change
 an output, in any format, for anonymous and file-backed experts; KTMoE's "auto" turns
 it on only for file-backed experts that do not fit in memory together (the speed it
-buys under a memory limit: benchmarks/bench_bigger_than_ram.py).
+buys under a memory limit: benchmarks/memory/bench_bigger_than_ram.py).
 """
 import copy
 

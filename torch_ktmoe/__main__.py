@@ -22,15 +22,16 @@ def cmd_info(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """The demo lives beside the package in a source checkout (ktmoe_harness/demo.py), not in the install."""
+    """The demo lives beside the package in a source checkout (ktmoe_harness/demo.py), not in the install: it
+    runs as its own command, ``python -m ktmoe_harness.demo``, so the package never imports the harness."""
     import importlib.util
+    import subprocess
 
     if importlib.util.find_spec("ktmoe_harness") is None:
         print("demo: the demo runs from a source checkout of torch_ktmoe: `make demo` there", file=sys.stderr)
         return 2
-    from ktmoe_harness import demo
-
-    return demo.main(args.demo_args)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the same torch_ktmoe and harness
+    return subprocess.call([sys.executable, "-m", "ktmoe_harness.demo", *args.demo_args], env=env)
 
 
 def cmd_pack(args) -> int:

@@ -1,8 +1,8 @@
 """ISA selection of the kernels: ``auto`` picks the best the CPU runs.
 
 The environment variable ``KTMOE_ISA=generic|avx2|avx2_vnni|avx512|amx`` sets the initial
-choice; ``amx`` (avx512 with AMX tile gemms for prefill rows) is opt-in only, never
-picked by ``auto``; :func:`set_isa` changes it at run time for the whole process;
+choice (``auto``, the default, picks ``amx`` where the CPU has it, then ``avx512``, ``avx2_vnni``,
+``avx2``, ``generic``); :func:`set_isa` changes it at run time for the whole process;
 :func:`isa_scope` chooses one for the calls of the current thread only. Asking
 for an ISA the CPU lacks raises a ``RuntimeError`` listing what is available.
 """
@@ -35,5 +35,5 @@ def active_isa() -> str:
 
 
 def available_isas() -> list:
-    """ISAs this CPU and build can run: generic, avx2, avx2_vnni, avx512, then the opt-in amx."""
+    """ISAs this CPU and build can run: generic, avx2, avx2_vnni, avx512, amx (worst to best)."""
     return list(_C.available_isas())

@@ -204,8 +204,6 @@ def pack_int4_affine_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_
 def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, torch.Tensor]:
     """``pack_out(*args, w13, w2)`` into tensors taken from ``arena``, then the arena's writeback starts."""
     w13, w2 = arena.empty(shape13), arena.empty(shape2)
-    if hasattr(arena, "warn_fallback"):
-        arena.warn_fallback(stacklevel=3)
     pack_out(*args, w13, w2)
     try:
         arena.writeback(False)  # only starts writeback: pages turn clean (reclaimable) early

@@ -25,7 +25,7 @@ constexpr int64_t kMaxFingerprintBytes = 256;
 
 // What a layer part's cache file must hold (the MoE meaning of the key bytes).
 struct PackedCacheKey {
-  std::string weight_format;   // "bf16" | "int8" | "int4"
+  std::string weight_format;   // a row name of kernels/weight_formats.h
   int64_t group_size = 0;      // as given to pack_experts (0: default)
   int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I of the whole layer
   int64_t inter_lo = 0, inter_hi = 0;          // this part's intermediate columns

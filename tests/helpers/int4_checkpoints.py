@@ -120,6 +120,15 @@ def gptq_config(group: int = GPTQ_GROUP, *, awq: bool = False, desc_act: bool = 
             "checkpoint_format": "gptq"}
 
 
+def quantize_int4(kind: str, w: torch.Tensor, name: str, seed: int):
+    """(tensors, dequantized w) of projection `name`'s weight `w` in `kind`: "ct" / "ct_asym"
+    (compressed-tensors, symmetric or not), "gptq", "awq", or "gptq_down_act_order" (act-order on down_proj)."""
+    if kind.startswith("ct"):
+        return ct_quantize(w, symmetric=kind == "ct")
+    return gptq_quantize(w, awq=kind == "awq", act_order=kind.endswith("act_order") and name == "down_proj",
+                         seed=seed)
+
+
 # ------------------------------------------------------------------ whole checkpoints
 def _quantized(key: str, t: torch.Tensor) -> bool:
     """The weights an int4 release quantizes: 2-D linear weights, not embeddings, lm_head or the router."""

@@ -14,13 +14,14 @@ using namespace ktmoe;
 
 std::vector<Isa> usable_isas() {  // the selection the extension uses (kernels/isa_select.h)
   std::vector<Isa> out;
-  for (const char* name : {"generic", "avx2", "avx2_vnni", "avx512", "amx"}) {
+  for (const std::string& name : isa_names()) {
     std::string why;
     if (const IsaKernels* k = find_isa(name, cpu_features(), &why)) {
-      std::printf("INFO isa %s: complete, testing\n", name);
+      CHECK(name == k->name, strf("the table of isa %s names itself %s", name.c_str(), k->name));
+      std::printf("INFO isa %s: complete, testing\n", name.c_str());
       out.push_back({k, true});
     } else {
-      SKIP(strf("isa %s: skipped: %s", name, why.c_str()));
+      SKIP(strf("isa %s: skipped: %s", name.c_str(), why.c_str()));
     }
   }
   return out;

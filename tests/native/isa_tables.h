@@ -14,7 +14,7 @@ struct Isa {
   bool usable;
 };
 
-// generic, avx2, avx2_vnni, avx512, amx in that order, chosen as the extension does (find_isa); prints SKIP, with
+// Every ISA of isa_select.cpp's rows, worst to best, chosen as the extension does (find_isa); prints SKIP, with
 // find_isa's reason, for one the CPU lacks or whose table has null entries.
 std::vector<Isa> usable_isas();
 

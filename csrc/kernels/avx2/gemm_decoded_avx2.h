@@ -34,7 +34,7 @@ namespace decoded {
 
 constexpr int64_t kPanelPairs = 64;  // k-pairs per decoded panel: 64 x 128 B = 8 KiB
 // Decode tiles: bytes ahead of each block's stream prefetched into L2 (0: none). None: these
-// decode rows are bound by their instructions, not by the reads (benchmarks/avx2_decode_micro.cpp,
+// decode rows are bound by their instructions, not by the reads (benchmarks/micro/avx2_decode_micro.cpp,
 // M = 1, 1 thread, loaded 2-core Zen 5: fp8 decodes 18 GB/s hot in L2 and 13 GB/s cold against a
 // 20-23 GB/s read; 1-4 KiB ahead into L2 left cold within 2 % and made hot 20 % slower;
 // int4_affine, 8 GB/s hot, within 6 % cold and slower hot).
@@ -120,7 +120,7 @@ inline void row_group_sums(const float* a32, int64_t kp, int64_t rows, int64_t g
 }
 
 // a: bf16 [M, lda] (kp columns used); c: fp32 [M, ldc], 16*(b1-b0) columns. kAhead: the decode
-// tiles' prefetch distance (benchmarks/avx2_decode_micro.cpp varies it).
+// tiles' prefetch distance (benchmarks/micro/avx2_decode_micro.cpp varies it).
 template <class Dec, int64_t kAhead = kDecodeAhead>
 void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
           int64_t b1, float* c, int64_t ldc) {

@@ -20,7 +20,7 @@
 // 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpmaddubsw, 4 vpmaddwd, 4 vpaddd, 1 prefetch;
 // per group (g/8 octets) 4 scale widenings, 2 converts, 2 mul + 2 add.
 // Prefetch: kInt4Ahead = 8 KiB ahead on the tile's weight stream into L2 (prefetcht1). Measured
-// (benchmarks/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 of 3840 samples, loaded
+// (benchmarks/micro/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 of 3840 samples, loaded
 // 2-core Zen 5): 0.99 ms a forward of 8 experts against 1.08 with 2 KiB into L1 (the one
 // before) and 1.15-1.18 with none; 1-4 KiB into L2 or 1 KiB into L1 no better than none;
 // 12-16 KiB as 8 KiB. A one-row tile specialized for g = 32 (the octet loop unrolled at

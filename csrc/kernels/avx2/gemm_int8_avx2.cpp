@@ -24,7 +24,7 @@
 // dropped: two blocks per decode tile sharing the broadcasts (15 % slower).
 // Prefetch: each k-quad prefetches the line kInt8Ahead = 8 KiB ahead on the block stream with
 // prefetcht2 (blocks are contiguous, so near a block's end that is the next one).
-// Measured (benchmarks/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 / median of 3840
+// Measured (benchmarks/micro/avx2_decode_micro.cpp, cold, M = 1, 1 thread, p10 / median of 3840
 // samples, loaded 2-core Zen 5, 4 KiB pages): 2.11 / 2.58 ms a forward of 8 experts with
 // prefetcht1 against 2.39 / 3.19 with none, 2.27 / 2.71 with 4 KiB; 1 KiB into L1 no better
 // than none; prefetching the group scales 8 to 64 groups ahead as well no better. On huge pages

@@ -7,7 +7,7 @@
 // (signed), where avx2 takes 2 vpmaddubsw + 2 vpmaddwd + 2 vpaddd. Vector instructions per 64
 // weight bytes at one row: 2 loads, 6 unpack, 4 vpshufb, 2 broadcasts, 4 vpdpbusd, 1 prefetch
 // (2 KiB ahead into L1):
-// 19 (avx2: 27). The one-row loop as GCC 12 emits it (objdump, benchmarks/bench_avx2_vnni.py):
+// 19 (avx2: 27). The one-row loop as GCC 12 emits it (objdump, benchmarks/micro/bench_avx2_vnni.py):
 // 27 instructions per 64 weight bytes against avx2's 33 (both with the loop counters, each
 // weight vector loaded twice and accumulator copies GCC adds).
 // One-row tiles keep the low- and high-nibble sums in separate accumulators (4 vpdpbusd

@@ -25,7 +25,7 @@
 // stream kDecodeAhead = 2 KiB ahead into L2 (prefetcht1), running on into the next
 // tile's blocks near a block's end: without it the decode and the DRAM reads barely
 // overlap (the hardware prefetcher restarts on each block's stream, 32 KiB of gate_up,
-// 12 KiB of down). Measured by benchmarks/fp8_decode_micro.cpp, cold, M = 1, 1 thread:
+// 12 KiB of down). Measured by benchmarks/micro/fp8_decode_micro.cpp, cold, M = 1, 1 thread:
 // fp8 from 76 % of the read roof to 85 % (10-11 % less time), int4_affine from 56-61 %
 // to 79-83 % (27-29 % less); an L1 prefetch (prefetcht0) 2 KiB ahead was 20 % slower
 // than none, 1 KiB into L2 slower than 2 KiB, 3-4 KiB no better (gemm_fp8_avx512.cpp).
@@ -249,7 +249,7 @@ void gemm_prefill(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, i
 }
 
 // The whole gemm: decode tiles for m <= 8, else the prefill. a: bf16 rows [m, lda].
-// kAhead: the decode tiles' prefetch distance (benchmarks/fp8_decode_micro.cpp varies it).
+// kAhead: the decode tiles' prefetch distance (benchmarks/micro/fp8_decode_micro.cpp varies it).
 template <class Dec, int64_t kAhead = kDecodeAhead>
 void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
           float* c, int64_t ldc) {

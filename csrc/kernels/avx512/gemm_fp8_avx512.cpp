@@ -20,7 +20,7 @@
 // 64 bytes 46 (bf16's kernel: 90 GB/s of its 2-byte weights).
 //
 // Out of cache the decode tiles prefetch into L2 (gemm_decoded_avx512.h). Measured by
-// benchmarks/fp8_decode_micro.cpp (Zen 5, loaded shared host; 64 experts x 4.7 MB
+// benchmarks/micro/fp8_decode_micro.cpp (Zen 5, loaded shared host; 64 experts x 4.7 MB
 // walked in the driver's items; ms per forward of 8 experts at p10 / median of 1920-2560
 // samples, % of a streaming read of the same bytes in the same run, two runs):
 //   M = 1, 1 thread:  none 1.743 / 1.975 (76 %), 1.896 / 2.288 (76 %);

@@ -15,7 +15,7 @@
 // nor on M; they differ from generic's (which rounds s * acc and o * xsum before adding) in
 // the last place, within the bf16 bound the tests hold every ISA to.
 // The decode tiles prefetch each block's stream 2 KiB ahead into L2 (gemm_decoded_avx512.h).
-// Measured by benchmarks/fp8_decode_micro.cpp (group 128, 64 experts x 2.4 MB walked in the
+// Measured by benchmarks/micro/fp8_decode_micro.cpp (group 128, 64 experts x 2.4 MB walked in the
 // driver's items, M = 1, 1 thread, ms per forward of 8 experts at p10 / median, % of the
 // read roof): without 1.233 / 1.356 (56 %), 1.253 / 1.522 (61 %); with 0.874 / 0.995 (79 %),
 // 0.909 / 1.099 (83 %); 2 threads 0.759 -> 0.617 ms; M = 4 1.970 -> 1.768 ms. Hot

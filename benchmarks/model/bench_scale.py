@@ -1,0 +1,262 @@
+"""A 30B-class MoE on a 24 GiB, 2-core box: torch_ktmoe's file-backed experts against llama.cpp's mmap.
+
+    python -m benchmarks.model.bench_scale [--data /work/scale_data] [--tokens 16] [--warmup 4]
+                                     [--limits none,16,12] [--routings uniform,zipf] [--keep]
+
+Qwen3-30B-A3B's shape (48 layers, 128 experts, top-8, H=2048, I=768, GQA 32/4 x 128; vocab 4096 instead
+of 151936), random seeded weights (benchmarks/model/scale/common.py):
+  * ours: a packed model directory with int8 experts (~29 GB; benchmarks/model/scale/gen_packed.py, a layer at
+    a time), decoded by transformers' Qwen3MoeForCausalLM with real attention and KV cache, experts
+    mapped from the files by torch_ktmoe.hf.from_pretrained (benchmarks/model/scale/decode_ours.py);
+  * llama.cpp: the same shapes and the same non-expert weights as a q8_0-experts GGUF (arch qwen3moe,
+    benchmarks/model/scale/gen_gguf.py), decoded through libllama with its default mmap
+    (benchmarks/baselines/llama/llama_decode.cpp, built from the llama-cpp-python sdist's vendored llama.cpp).
+Both: 2 threads (OMP_WAIT_POLICY=passive by default: both are OpenMP programs and this host is
+shared), T=1 decode of a seeded token sequence (the argmax of each step is computed), routing
+by the model's own router; "uniform" and "zipf" (s=1 per layer) differ only in the embedding's
+popularity channel (see common.py). Each run: sync + drop the page cache, start a fresh process
+(in a fresh v1 memory cgroup of the given limit, no swap), load, --warmup tokens, then --tokens
+measured tokens: tok/s median and min, major faults per measured token, time to first token from
+process start (cold page cache). Plus: anonymous experts (no mmap_experts_dir) under each limit.
+
+The two models do not fit on the disk together (~31 + ~33 GB here): unless they do, the script runs
+ours, deletes it, then llama.cpp's (phases); when both fit it alternates per configuration. It refuses
+to start when the disk cannot hold the larger model with a margin, and deletes the model files at the
+end unless --keep. Needs root (drop_caches, cgroups v1). Results: benchmarks/results/bench_scale.json (--out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from benchmarks import ROOT
+from benchmarks.cli import add_out_argument, write_result
+from benchmarks.model.scale import common as C
+from benchmarks.model.scale import models
+
+GB = 1e9
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup, n):
+    rows = C.parse_lines(out)
+    loaded = next((r for r in rows if r.get("event") == "loaded"), None)
+    toks = [r for r in rows if "i" in r]
+    res = dict(system=system, routing=routing, limit=limit, rc=rc, wall_s=round(wall, 1), cgroup=stats,
+               load_avg=C.loadavg())
+    if loaded:
+        res["load_s"] = round(loaded["load_s"], 2)
+        res["load_majflt"] = loaded["majflt"]
+    if toks:
+        res["ttft_s"] = round(toks[0]["t"] - t_spawn, 2)
+        res["first_token_s"] = round(toks[0]["dt"], 3)
+    meas = toks[warmup:warmup + n]
+    if len(meas) == n and n > 0:
+        dts = [r["dt"] for r in meas]
+        base = toks[warmup - 1] if warmup > 0 else loaded
+        res.update(tok_s_median=round(1 / statistics.median(dts), 3), tok_s_min=round(1 / max(dts), 3),
+                   tok_s_mean=round(n / sum(dts), 3),
+                   majflt_per_tok=round((meas[-1]["majflt"] - base["majflt"]) / n, 1),
+                   warmup_tok_s=[round(1 / r["dt"], 3) for r in toks[:warmup]])
+        if "experts_s" in meas[0]:
+            res["experts_ms_median"] = round(1e3 * statistics.median(r["experts_s"] for r in meas), 1)
+            res["ms_median"] = round(1e3 * statistics.median(dts), 1)
+    routing_rows = next((r for r in rows if r.get("event") == "routing"), None)
+    if routing_rows:
+        c = np.array(routing_rows["counts"], dtype=np.float64)
+        c = c[c.sum(1) > 0]  # layers that ran (--layers)
+        s = np.sort(c, axis=1)[:, ::-1]
+        tot = s.sum(axis=1, keepdims=True)
+        res["routing_share_top8"] = round(float((s[:, :8].sum(1) / tot[:, 0]).mean()), 3)
+        res["routing_share_top32"] = round(float((s[:, :32].sum(1) / tot[:, 0]).mean()), 3)
+        res["experts_touched_per_layer"] = round(float((c > 0).sum(1).mean()), 1)
+    if rc != 0 or not toks:
+        res["error"] = (err or "")[-1500:]
+    return res
+
+
+def limit_bytes(limit: str):
+    return None if limit == "none" else int(float(limit) * C.GIB)
+
+
+def run_one(system, routing, limit, model_path, harness, args):
+    C.drop_caches()
+    page_cache = C.page_cache_state()
+    toks = C.tokens_for(C.SEED + 7, args.warmup + args.tokens)
+    env = C.child_env(args.threads, args.omp_wait_policy)
+    if system.startswith("ours"):
+        argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", model_path, routing, str(args.threads), toks]
+        env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto")
+    else:
+        argv = models.llama_argv(harness, model_path, routing, args.threads, toks)
+        C.drop_caches()
+    t_spawn = time.time()
+    rc, out, err, wall, stats = C.run_limited(argv, limit_bytes(limit), f"bench_scale_{system}", args.timeout,
+                                              env=env, cwd=ROOT)
+    res = summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, args.warmup, args.tokens)
+    res["page_cache"] = page_cache
+    log(json.dumps({k: v for k, v in res.items() if k not in ("error",)}))
+    if "error" in res:
+        log("  error:", res["error"][-600:])
+    return res
+
+
+def run_anon(limit, args):
+    """Anonymous experts (no mmap_experts_dir) under a memory limit: pack layers until the OOM killer."""
+    C.drop_caches()
+    t_spawn = time.time()
+    argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", "--anon-pack", str(args.layers),
+            str(args.threads), ""]
+    rc, out, err, wall, stats = C.run_limited(argv, limit_bytes(limit), "bench_scale_anon", args.timeout,
+                                              env={"PYTHONPATH": ROOT}, cwd=ROOT)
+    rows = [r for r in C.parse_lines(out) if r.get("event") == "anon_layer"]
+    res = dict(system="ours-anonymous", limit=limit, rc=rc, wall_s=round(wall, 1), layers_packed=len(rows),
+               packed_gb=round(rows[-1]["packed_bytes"] / GB, 2) if rows else 0, cgroup=stats,
+               load_avg=C.loadavg(), stderr_tail=(err or "")[-400:])
+    res["outcome"] = ("OOM-killed (SIGKILL)" if rc == -9 else f"exit {rc}" +
+                      (" MemoryError" if "MemoryError" in (err or "") else ""))
+    log(json.dumps({k: v for k, v in res.items() if k != "stderr_tail"}))
+    return res
+
+
+def fmt_table(results) -> str:
+    lines = ["| system | routing | memory limit | tok/s median | tok/s min | major faults/token | "
+             "time to first token (cold) | load avg |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r["system"] == "ours-anonymous":
+            continue
+        name = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap",
+                "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False"}.get(r["system"], r["system"])
+        lim = "none" if r["limit"] == "none" else f"{r['limit']} GiB"
+        if "tok_s_median" in r:
+            lines.append(f"| {name} | {r['routing']} | {lim} | {r['tok_s_median']:.2f} | {r['tok_s_min']:.2f} | "
+                         f"{r['majflt_per_tok']:.0f} | {r.get('ttft_s', float('nan')):.1f} s | {r['load_avg']:.1f} |")
+        else:
+            lines.append(f"| {name} | {r['routing']} | {lim} | failed (rc {r['rc']}) | | | | {r['load_avg']:.1f} |")
+    anon = [r for r in results if r["system"] == "ours-anonymous"]
+    if anon:
+        lines += ["", "| anonymous experts (no mmap_experts_dir) | memory limit | outcome | after | packed before |",
+                  "|---|---|---|---|---|"]
+        for r in anon:
+            lines.append(f"| torch_ktmoe int8 | {r['limit']} GiB | {r['outcome']} | {r['wall_s']:.0f} s | "
+                         f"{r['layers_packed']} layers, {r['packed_gb']:.1f} GB |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=C.DATA, help="where the big files go (outside the repo)")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=C.LAYERS, help="fewer layers: a quick smoke run")
+    ap.add_argument("--limits", default="none,16,12", help="GiB, comma separated; 'none' = no cgroup")
+    ap.add_argument("--routings", default="uniform,zipf")
+    ap.add_argument("--systems", default="ours,llama",
+                    help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), llama")
+    ap.add_argument("--ours-dtype", default="bfloat16", help="dtype of ours' non-expert weights")
+    ap.add_argument("--omp-wait-policy", default="passive",
+                    help="OMP_WAIT_POLICY of both systems (both use OpenMP; on a shared, loaded 2-core host "
+                         "spinning threads cost 10-100x: 'passive'; '' leaves the default)")
+    ap.add_argument("--anon-limits", default="12", help="limits for the anonymous-mode demo ('' to skip)")
+    ap.add_argument("--timeout", type=int, default=1800, help="per run, seconds")
+    ap.add_argument("--keep", action="store_true", help="keep the generated models")
+    ap.add_argument("--reuse", action="store_true", help="reuse models already in --data")
+    add_out_argument(ap, "bench_scale")
+    args = ap.parse_args(argv)
+    from ktmoe_harness.memcg import memory_cgroup_available
+
+    if not memory_cgroup_available():
+        sys.exit("bench_scale: needs root and cgroup-v1 memory controller (drop_caches, memory limits)")
+    systems = [s for s in args.systems.split(",") if s]
+    limits = [s for s in args.limits.split(",") if s]
+    routings = [s for s in args.routings.split(",") if s]
+    os.makedirs(args.data, exist_ok=True)
+    sizes = models.expected_sizes(args.layers)
+    path = {s: models.model_path(args.data, s, args.layers) for s in models.SYSTEMS}
+    base = lambda s: "ours" if s.startswith("ours") else s  # noqa: E731
+    bases = list(dict.fromkeys(base(s) for s in systems))
+    have = {s: args.reuse and models.is_complete(s, path[s], args.layers) for s in models.SYSTEMS}
+    free = C.free_disk(args.data)
+    margin = 2 * 10**9
+    need = {s: (0 if have[s] else sizes[s]) for s in bases}
+    together = sum(need.values()) + margin <= free
+    # sequentially, a reused model is deleted before the next one is generated (unless --keep)
+    freed = 0 if args.keep else sum(models.disk_bytes(b, path[b]) for b in bases if have[b])
+    if max(need.values(), default=0) + margin > free + freed:
+        sys.exit(f"bench_scale: {args.data} has {free / GB:.1f} GB free; the models need "
+                 + ", ".join(f"{s} {sizes[s] / GB:.1f} GB" for s in bases)
+                 + f" (one at a time, + {margin / GB:.0f} GB margin). Free space or pass --data elsewhere.")
+    log(f"disk: {free / GB:.1f} GB free in {args.data}; models "
+        + ", ".join(f"{s} ~{sizes[s] / GB:.1f} GB" for s in bases)
+        + (": both fit, alternating systems" if together else ": not together, one system after the other"))
+    harness = models.build_llama(args.data) if "llama" in bases else None
+    results, gen = [], {}
+
+    def generate(system):
+        if have[system]:
+            return
+        log(f"generating {system} model ...")
+        gen[system] = models.generate(system, path[system], args.layers)
+        log(json.dumps(gen[system]))
+        have[system] = True
+
+    def delete(system):
+        if args.keep:
+            return
+        models.delete(system, path[system])
+        have[system] = False
+
+    try:
+        if together:
+            for b in bases:
+                generate(b)
+            for routing in routings:
+                for limit in limits:
+                    for s in systems:
+                        results.append(run_one(s, routing, limit, path[base(s)], harness, args))
+            if "ours" in bases:
+                for lim in [x for x in args.anon_limits.split(",") if x]:
+                    results.append(run_anon(lim, args))
+        else:
+            for b in bases:
+                generate(b)
+                for routing in routings:
+                    for limit in limits:
+                        for s in systems:
+                            if base(s) == b:
+                                results.append(run_one(s, routing, limit, path[b], harness, args))
+                if b == "ours":
+                    for lim in [x for x in args.anon_limits.split(",") if x]:
+                        results.append(run_anon(lim, args))
+                if b != bases[-1]:
+                    if args.keep and C.free_disk(args.data) < sizes[bases[-1]] + margin:
+                        log(f"--keep: not enough disk left for the next model; deleting {b}'s anyway")
+                        args_keep, args.keep = args.keep, False
+                        delete(b)
+                        args.keep = args_keep
+                    else:
+                        delete(b)
+    finally:
+        if not args.keep:
+            for b in bases:
+                delete(b)
+    write_result(args.out, dict(args=vars(args), generation=gen, results=results, sizes=sizes))
+    print(fmt_table(results))
+    for s, g in gen.items():
+        print(f"generated {s}: {g['total_bytes'] / GB:.1f} GB in {g['seconds']:.0f} s ({g['MBps']:.0f} MB/s, "
+              f"load {g['load_avg']:.1f})")
+
+
+if __name__ == "__main__":
+    main()
