@@ -15,7 +15,8 @@ from .paths import utf8_path
 WARM_MODES = ("auto", "none", "blocking", "background")
 PREFETCH_MODES = ("auto", True, False)
 # The formats a quantized checkpoint's experts are packed into exactly (codes + scales [+ zero points]).
-_EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts}
+_EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts,
+                  "mxfp4": ops.pack_mxfp4_experts}
 
 
 class KTMoE(nn.Module):
@@ -24,7 +25,7 @@ class KTMoE(nn.Module):
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape
             (E, k, H, I).
-        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"`` or ``"int4_affine"`` (see docs/formats.md).
+        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``, ``"int4_affine"`` or ``"mxfp4"`` (docs/formats.md).
         mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
             directory keeps them in ``MAP_SHARED`` files under it, one per
             (layer, NUMA part), named from ``layer_idx``: clean page cache that the
