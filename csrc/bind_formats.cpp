@@ -6,7 +6,7 @@
 //   default_group, scales ("none" | "f32_per_row" | "bf16_per_block_group" |
 //   "f32_per_block_group" | "f32_u8_zero_per_block_group"), scale_bytes, activations ("bf16" | "int8"),
 //   activation_scale ("none" | "row" | "weight_group": int8 rows' scale per row or per weight group),
-//   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine"), code_offset,
+//   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine" | "e2m1"), code_offset,
 //   codebook (list of ints),
 //   accuracy_bound.
 // gated_activations() -> [dict], one per row of kernels/gated_activation.h, in kind order:
@@ -33,15 +33,15 @@ namespace {
 // Python's names of the enums' values, indexed by value.
 constexpr const char* kGroupRules[] = {"none", "row", "chosen"};
 constexpr const char* kScaleLayouts[] = {"none", "f32_per_row", "bf16_per_block_group", "f32_per_block_group",
-                                        "f32_u8_zero_per_block_group"};
+                                        "f32_u8_zero_per_block_group", "e8m0_per_block_group"};
 constexpr const char* kActivationRows[] = {"bf16", "int8"};
 constexpr const char* kActivationScales[] = {"none", "row", "weight_group"};
-constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3", "affine"};
+constexpr const char* kCodeValues[] = {"bf16", "offset", "codebook", "e4m3", "affine", "e2m1"};
 static_assert(std::size(kGroupRules) == size_t(ktmoe::GroupRule::kChosen) + 1 &&
-                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kF32U8ZeroPerBlockGroup) + 1 &&
+                  std::size(kScaleLayouts) == size_t(ktmoe::ScaleLayout::kE8M0PerBlockGroup) + 1 &&
                   std::size(kActivationRows) == size_t(ktmoe::ActivationRows::kInt8) + 1 &&
                   std::size(kActivationScales) == size_t(ktmoe::ActivationScale::kPerWeightGroup) + 1 &&
-                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kAffine) + 1,
+                  std::size(kCodeValues) == size_t(ktmoe::CodeValue::kE2m1) + 1,
               "a name for every value of the traits' enums");
 
 py::dict row_dict(const ktmoe::WeightFormatTraits& r) {

@@ -32,6 +32,12 @@ TORCH_LIBRARY(ktmoe, m) {
   m.def("pack_int4_affine_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, "
         "Tensor? up_scale, Tensor down_scale, Tensor? gate_up_zero, Tensor? up_zero, Tensor? down_zero, "
         "int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
+  // An MXFP4 checkpoint's e2m1 codes (uint8 0..15) + E8M0 scale bytes per (row, k-group) -> packed mxfp4
+  // (w13, w2), exact; and _out.
+  m.def("pack_mxfp4_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
+        "Tensor down_scale, int group_size) -> (Tensor, Tensor)");
+  m.def("pack_mxfp4_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
+        "Tensor down_scale, int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
   // A dense [N, K] weight -> one packed bf16 matrix (uint8 [B], header first); x [..., K] times it (+ bias) ->
   // [..., out_features] (N is an argument, checked against the header: the fake kernel cannot read the header).
   m.def("pack_linear(Tensor weight) -> Tensor");
@@ -46,6 +52,8 @@ TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("pack_fp8_experts_out", &ktmoe::pack_fp8_experts_out);
   m.impl("pack_int4_affine_experts", &ktmoe::pack_int4_affine_experts);
   m.impl("pack_int4_affine_experts_out", &ktmoe::pack_int4_affine_experts_out);
+  m.impl("pack_mxfp4_experts", &ktmoe::pack_mxfp4_experts);
+  m.impl("pack_mxfp4_experts_out", &ktmoe::pack_mxfp4_experts_out);
   m.impl("pack_linear", &ktmoe::pack_linear);
   m.impl("linear", &ktmoe::linear);
 }

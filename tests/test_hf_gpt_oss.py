@@ -12,6 +12,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from torch_ktmoe import hf  # noqa: E402
 from torch_ktmoe.checkpoint.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from torch_ktmoe.unpack import unpack_experts  # noqa: E402
 from tests.helpers import FORMAT_TOLERANCE  # noqa: E402
 from tests.helpers.hf_models import COMMON, assert_close_logits, assert_same_greedy, greedy, logits  # noqa: E402
 
@@ -120,9 +121,11 @@ def test_checkpoint_stream_save_reload_and_packed_dir(tmp_path):
     assert torch.equal(logits(packed), want)
 
 
-def test_mxfp4_checkpoint_loads_by_dequantizing(tmp_path):
+@pytest.mark.parametrize("weight_format", [None, "mxfp4"])
+def test_mxfp4_checkpoint_loads_by_dequantizing(tmp_path, weight_format):
     """An MXFP4 gpt-oss checkpoint (experts as _blocks/_scales, quantization_config mxfp4) streams
-    through hf.from_pretrained; the reference is the unpatched model holding transformers' own
+    through hf.from_pretrained, by default dequantized to bf16, with weight_format="mxfp4" its codes and
+    scales kept as they are; the reference is the unpatched model holding transformers' own
     dequantization (convert_moe_packed_tensors) of the same blocks."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -151,8 +154,13 @@ def test_mxfp4_checkpoint_loads_by_dequantizing(tmp_path):
                     convert_moe_packed_tensors(state[key + "_blocks"], state[key + "_scales"], dtype=torch.float32))
     ref = logits(model)
     ref_seq, ref_step = greedy(model)
-    loaded = hf.from_pretrained(tmp_path / "ckpt", dtype=torch.float32, progress=False)
+    loaded = hf.from_pretrained(tmp_path / "ckpt", dtype=torch.float32, progress=False, weight_format=weight_format)
     assert isinstance(loaded, AutoModelForCausalLM._model_mapping[type(loaded.config)])
+    for i, layer in enumerate(loaded.model.layers):  # the packed weights are the checkpoint's values
+        gate_up, down, fmt = unpack_experts(layer.mlp.experts.ktmoe.packed_tensors())
+        assert fmt == (weight_format or "bf16")
+        key = f"model.layers.{i}.mlp.experts.down_proj"
+        assert torch.equal(down, dequantize_mxfp4(state[key + "_blocks"], state[key + "_scales"]).to(down.dtype))
     assert loaded.ktmoe_report.replaced_classes == {"GptOssExperts": 2}
     assert_close_logits(logits(loaded), ref)  # MXFP4 values are exact in bf16: only activation rounding
     assert_same_greedy(loaded, ref_seq, ref_step)

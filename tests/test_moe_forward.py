@@ -232,7 +232,7 @@ def test_bad_packed_weights_raise_clear_errors(packed):
 
 def test_bad_pack_arguments_raise_clear_errors():
     gate_up, down = random_experts(4, 64, 32)
-    with pytest.raises(RuntimeError, match="weight_format must be 'bf16', 'int8', 'int4', 'fp8' or 'int4_affine', got 'fp4'"):
+    with pytest.raises(RuntimeError, match="weight_format must be 'bf16', 'int8', .* got 'fp4'"):  # the table's names
         ops.pack_experts(gate_up, down, "fp4")
     with pytest.raises(RuntimeError, match=r"down must be \[E, H, I\]"):
         ops.pack_experts(gate_up, down[:, :, :16], "bf16")

@@ -26,7 +26,7 @@ class KTMoE(nn.Module):
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape
             (E, k, H, I).
-        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"`` or ``"int4_affine"`` (see docs/formats.md).
+        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``, ``"int4_affine"`` or ``"mxfp4"`` (docs/formats.md).
         mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
             directory keeps them in ``MAP_SHARED`` files under it, one per
             (layer, NUMA part), named from ``layer_idx``: clean page cache that the

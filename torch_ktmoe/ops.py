@@ -15,7 +15,8 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "InferenceOnlyError",
+__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "pack_mxfp4_experts",
+           "InferenceOnlyError",
            "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "GATED_ACTIVATIONS", "ACTIVATION_DTYPES", "default_group_size",
            "activation_params"]
 
@@ -139,13 +140,15 @@ def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str =
     ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default: new
     memory, on transparent huge pages from 2 MiB up).
-    ``group_size``: int4 / fp8 / int4_affine group along the input dimension (None or 0: the format's
-    default, 32 / 128 / 128). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
+    ``group_size``: int4 / fp8 / int4_affine / mxfp4 group along the input dimension (None or 0: the format's
+    default, 32 / 128 / 128 / 32). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
     checkpoint's own codes, scales and zero points are packed exactly by :func:`pack_int4_affine_experts`).
     int8: a scale per (row, group of ``group_size`` inputs; None: 32, :func:`default_group_size`), 0:
     one per row (per channel); its activations are quantized per the same groups.
     ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
     (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
+    ``"mxfp4"`` rounds as OCP MX: an E8M0 scale 2^(floor(log2 max|w|) - 2) per (row, group of 32) and
+    the nearest e2m1 code (an MXFP4 checkpoint's own codes and scales: :func:`pack_mxfp4_experts`).
 
     With an arena the outputs are taken from it and filled by
     ``ktmoe::pack_experts_out``; then the arena's file starts writing back, so
@@ -172,11 +175,34 @@ def pack_fp8_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: t
     (:func:`torch_ktmoe.checkpoint.fp8.group_scales` makes them from a checkpoint's block or
     per-row scales) -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
     """
-    args = (gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size)
+    return _pack_checkpoint("pack_fp8_experts", "fp8", arena, gate_up, up, down, gate_up_scale, up_scale, down_scale,
+                            group_size)
+
+
+def pack_mxfp4_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
+                       down_scale: torch.Tensor, *, up: Optional[torch.Tensor] = None,
+                       up_scale: Optional[torch.Tensor] = None, group_size: int = 0,
+                       arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pack an MXFP4 checkpoint's experts into ``"mxfp4"``, its e2m1 codes and E8M0 scales kept exactly.
+
+    Codes uint8, one e2m1 code 0..15 per byte (a checkpoint's ``_blocks`` nibbles split, low nibble
+    first: :func:`torch_ktmoe.checkpoint.mxfp4.split_nibbles`): gate_up [E, 2I, H] (or gate [E, I, H]
+    with ``up=``), down [E, H, I]. Scales uint8 E8M0 bytes (``2^(e - 127)``; 0xff, NaN, is refused) per
+    (row, k-group of ``group_size`` inputs, 0: 32, the MX block): gate_up_scale [E, 2I, ceil(H/g)] (or
+    the gate's, with ``up_scale=``), down_scale [E, H, ceil(I/g)] -> (w13 [E, B13], w2 [E, B2]) uint8,
+    from ``arena`` as :func:`pack_experts`.
+    """
+    return _pack_checkpoint("pack_mxfp4_experts", "mxfp4", arena, gate_up, up, down, gate_up_scale, up_scale,
+                            down_scale, group_size)
+
+
+def _pack_checkpoint(op: str, weight_format: str, arena, gate_up, up, down, *rest):
+    """``ktmoe::<op>(gate_up, up, down, *rest)`` (rest ending in group_size), into ``arena``'s tensors if given."""
+    args = (gate_up, up, down, *rest)
     if arena is None:
-        return torch.ops.ktmoe.pack_fp8_experts(*args)
-    return _pack_into(arena, *_packed_shapes(gate_up, up, down, "fp8", group_size),
-                      torch.ops.ktmoe.pack_fp8_experts_out, args)  # the op checks the arguments
+        return getattr(torch.ops.ktmoe, op)(*args)
+    return _pack_into(arena, *_packed_shapes(gate_up, up, down, weight_format, rest[-1]),
+                      getattr(torch.ops.ktmoe, op + "_out"), args)  # the op checks the arguments
 
 
 def pack_int4_affine_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
@@ -194,11 +220,8 @@ def pack_int4_affine_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_
     checkpoints store z - 1), or None: symmetric, ``w = s * (q - 8)`` (compressed-tensors
     pack-quantized). -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
     """
-    args = (gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero, up_zero, down_zero, group_size)
-    if arena is None:
-        return torch.ops.ktmoe.pack_int4_affine_experts(*args)
-    return _pack_into(arena, *_packed_shapes(gate_up, up, down, "int4_affine", group_size),
-                      torch.ops.ktmoe.pack_int4_affine_experts_out, args)  # the op checks the arguments
+    return _pack_checkpoint("pack_int4_affine_experts", "int4_affine", arena, gate_up, up, down, gate_up_scale,
+                            up_scale, down_scale, gate_up_zero, up_zero, down_zero, group_size)
 
 
 def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -234,19 +257,26 @@ def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2
     return None
 
 
-@torch.library.register_fake("ktmoe::pack_fp8_experts")
-def _pack_fp8_experts_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size):
-    _check_same_device("pack_fp8_experts", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
-                       up_scale=up_scale, down_scale=down_scale)
-    shape13, shape2 = _packed_shapes(gate_up, up, down, "fp8", group_size)
-    return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+def _register_scaled_pack_fakes(op: str, weight_format: str) -> None:
+    """The fakes of ``ktmoe::<op>`` and ``<op>_out``, whose arguments are (gate_up, up, down, gate_up_scale,
+    up_scale, down_scale, group_size[, w13, w2]): fp8's and mxfp4's."""
+    def fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size):
+        _check_same_device(op, "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
+                           up_scale=up_scale, down_scale=down_scale)
+        shape13, shape2 = _packed_shapes(gate_up, up, down, weight_format, group_size)
+        return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+
+    def fake_out(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size, w13, w2):
+        _check_same_device(op + "_out", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
+                           up_scale=up_scale, down_scale=down_scale, w13=w13, w2=w2)
+        return None
+
+    torch.library.register_fake(f"ktmoe::{op}")(fake)
+    torch.library.register_fake(f"ktmoe::{op}_out")(fake_out)
 
 
-@torch.library.register_fake("ktmoe::pack_fp8_experts_out")
-def _pack_fp8_experts_out_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size, w13, w2):
-    _check_same_device("pack_fp8_experts_out", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
-                       up_scale=up_scale, down_scale=down_scale, w13=w13, w2=w2)
-    return None
+_register_scaled_pack_fakes("pack_fp8_experts", "fp8")
+_register_scaled_pack_fakes("pack_mxfp4_experts", "mxfp4")
 
 
 @torch.library.register_fake("ktmoe::pack_int4_affine_experts")
@@ -281,6 +311,7 @@ torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forwa
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
 torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))
 torch.library.register_autograd("ktmoe::pack_int4_affine_experts", _inference_only("pack_int4_affine_experts"))
+torch.library.register_autograd("ktmoe::pack_mxfp4_experts", _inference_only("pack_mxfp4_experts"))
 
 
 # ---------------------------------------------------------------- dense linears (ops/linear.cpp)

@@ -10,7 +10,8 @@ from typing import Optional
 from . import ops
 
 # The formats a quantized checkpoint's experts are packed into exactly (codes + scales [+ zero points]).
-EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts}
+EXACT_PACKERS = {"fp8": ops.pack_fp8_experts, "int4_affine": ops.pack_int4_affine_experts,
+                 "mxfp4": ops.pack_mxfp4_experts}
 
 
 def _group(layer) -> int:
@@ -27,7 +28,7 @@ def exact_companions(layer, gate_up_scale, down_scale, gate_up_zero, down_zero) 
     if fmt not in EXACT_PACKERS:
         raise ValueError(f"{where}: gate_up_scale and down_scale (both) come with float8_e4m3fn experts and "
                          f"weight_format='fp8', not {fmt!r}, or with uint8 int4 codes and "
-                         f"weight_format='int4_affine'")
+                         f"weight_format='int4_affine' (or e2m1 codes with E8M0 scales and 'mxfp4')")
     if gate_up_scale is None or down_scale is None:
         raise ValueError(f"{where}: {fmt} experts come with both gate_up_scale and down_scale")
     if fmt != "int4_affine" and (gate_up_zero is not None or down_zero is not None):

@@ -82,7 +82,7 @@ def format_activations(weight_format, group=None):
     """How a format's kernels round the activations they multiply: "bf16", "int8" (a scale per
     row: int4, and int8 with ``group`` 0, per channel), or for int8 with groups (``group`` None:
     the default 32) the function that quantizes per (row, group) as its weights are."""
-    if weight_format in ("bf16", "fp8", "int4_affine"):
+    if weight_format in ("bf16", "fp8", "int4_affine", "mxfp4"):
         return "bf16"
     group = INT8_DEFAULT_GROUP if weight_format == "int8" and group is None else group
     if weight_format == "int8" and group:
@@ -207,9 +207,37 @@ def dequantize_int4_affine(codes, scale, zero=None, group=128):
     return codes.float() * s + (-(s * z))
 
 
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _pow2(n):
+    """2^n (fp32, exact) of an integer tensor n in [-127, 127], by its bits (2^-127 is subnormal)."""
+    e = n.to(torch.int32) + 127
+    return torch.where(e == 0, 0x00400000, e << 23).view(torch.float32)
+
+
+def quantize_mxfp4(w, group=32):
+    """OCP MXFP4 of w [..., n, k], dequantized (fp32): per (row, group of ``group`` inputs) over the valid
+    columns amax = max|w|, E = floor(log2 amax) - 2 (at least -127; amax = 0: E = 0), and each weight the
+    e2m1 value nearest to w / 2^E (0, 0.5, 1, 1.5, 2, 3, 4, 6 and negated, with w's sign; ties to the even
+    code, beyond 6 saturating), times 2^E."""
+    w = w.float()
+    *lead, n, k = w.shape
+    pad = (-k) % group
+    g = F.pad(w, (0, pad)).reshape(*lead, n, (k + pad) // group, group)
+    amax = g.abs().amax(-1, keepdim=True)
+    exp = torch.where(amax > 0, (torch.frexp(amax).exponent - 3).clamp(min=-127), 0)  # amax = f * 2^x, f in [.5, 1)
+    x = g * _pow2(-exp)
+    a = x.abs()
+    code = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int() + (a > 2.5).int()
+            + (a >= 3.5).int() + (a > 5).int())
+    mag = torch.tensor(E2M1_MAGNITUDES)[code.long()]
+    return (torch.where(torch.signbit(x), -mag, mag) * _pow2(exp)).reshape(*lead, n, k + pad)[..., :k]
+
+
 def quantize_weights(w, weight_format, group=None):
     """The dense weights a format's kernel actually multiplies by (fp32); ``group`` None: the
-    format's default (int8 32, int4 32, fp8 128, int4_affine 128); int8 with ``group`` 0: per
+    format's default (int8 32, int4 32, fp8 128, int4_affine 128, mxfp4 32); int8 with ``group`` 0: per
     output channel."""
     if weight_format == "bf16":
         return _bf16(w)
@@ -221,6 +249,8 @@ def quantize_weights(w, weight_format, group=None):
         return quantize_fp8(w, group or 128)
     if weight_format == "int4_affine":
         return quantize_int4_affine(w, group or 128)
+    if weight_format == "mxfp4":
+        return quantize_mxfp4(w, group or 32)
     raise ValueError(f"unknown weight_format {weight_format!r}")
 
 

@@ -3,9 +3,9 @@
 Decodes the byte layout of ``csrc/kernels/packed_format.h`` with plain torch ops, driven
 by the native format table (``_C.weight_formats()``: each row's code bits, code values and
 scale layout), so a format is decoded without a case of its own here. ``bf16`` gives back
-the packed bf16 values exactly; ``int8`` / ``int4`` / ``fp8`` / ``int4_affine`` give the dequantized
-weights (``s * (u - 128)``, ``d * L[q]``, ``s * e4m3(q)``, ``s * q - s * z``), which is what the kernels
-multiply, not the original dense weights.
+the packed bf16 values exactly; ``int8`` / ``int4`` / ``fp8`` / ``int4_affine`` / ``mxfp4`` give the
+dequantized weights (``s * (u - 128)``, ``d * L[q]``, ``s * e4m3(q)``, ``s * q - s * z``,
+``2^(e - 127) * e2m1(q)``), which is what the kernels multiply, not the original dense weights.
 """
 from typing import List, Tuple
 
@@ -17,6 +17,8 @@ from ._native import _C
 _FORMATS = {row["id"]: row for row in _C.weight_formats()}
 FORMAT_ROWS = {row["name"]: row for row in _FORMATS.values()}
 _ROLE_GATE_UP = _C.matrix_roles["gate_up"]
+# e2m1 codes 0..15 (csrc/kernels/mxfp4_format.h): 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the same negated.
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def packed_header(w: torch.Tensor) -> dict:
@@ -72,9 +74,18 @@ def _scales(w: torch.Tensor, h: dict, row: dict) -> torch.Tensor:
         raw = w[:, s0:s0 + np_ * ng * row["scale_bytes"]].contiguous()
         sc = (_bf16_from_u8(raw) if row["scale_bytes"] == 2 else raw.view(torch.float32)).float()
         return sc.reshape(E, np_ // 16, ng, 16).permute(0, 1, 3, 2).reshape(E, np_, ng)
+    if row["scales"] == "e8m0_per_block_group":  # per (block, group): 16 E8M0 bytes e, s = 2^(e - 127)
+        e = w[:, s0:s0 + np_ * ng].reshape(E, np_ // 16, ng, 16).permute(0, 1, 3, 2).reshape(E, np_, ng)
+        return e8m0_values(e)
     if row["scales"] == "f32_u8_zero_per_block_group":  # per (block, group): 16 fp32 s, then 16 u8 z
         return _affine_records(w, h)[0]
     raise ValueError(f"unpack: scale layout {row['scales']!r} is not decoded here")
+
+
+def e8m0_values(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> 2^(e - 127) fp32, exactly (by the bits: e << 23; e = 0 is the subnormal 2^-127)."""
+    e = e.to(torch.int32)
+    return torch.where(e == 0, 0x00400000, e << 23).view(torch.float32)
 
 
 def _affine_records(w: torch.Tensor, h: dict) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +110,8 @@ def _decode(w: torch.Tensor, h: dict) -> torch.Tensor:
         values = codes.float() - row["code_offset"]
     elif row["codes"] == "codebook":
         values = torch.tensor(row["codebook"], dtype=torch.float32)[codes.long()]
+    elif row["codes"] == "e2m1":
+        values = torch.tensor(_E2M1, dtype=torch.float32)[codes.long()]
     elif row["codes"] == "e4m3":
         values = codes.contiguous().view(torch.float8_e4m3fn).float()
     elif row["codes"] == "affine":  # w = s * q + o, o = -(s * z), in fp32 (exact for bf16 / fp16 s)
@@ -130,7 +143,7 @@ def unpack_matrix(w: torch.Tensor) -> Tuple[torch.Tensor, dict]:
 def unpack_experts(parts: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, torch.Tensor, str]:
     """[(w13, w2)] per NUMA part (split along I) -> (gate_up [E, 2I, H], down [E, H, I], format).
 
-    bf16 comes back as bf16 (exact), int8 / int4 / fp8 / int4_affine as fp32 (dequantized).
+    bf16 comes back as bf16 (exact), int8 / int4 / fp8 / int4_affine / mxfp4 as fp32 (dequantized).
     """
     gates, ups, downs, fmt = [], [], [], None
     for w13, w2 in parts:

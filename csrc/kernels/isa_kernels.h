@@ -74,6 +74,11 @@ struct IsaKernels {
   // and k-group, acc = Σ a·q and xsum = Σ a in fp32, then c += s·acc + o·xsum (o = -s·z).
   void (*gemm_int4_affine)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,
                            int64_t b0, int64_t b1, float* c, int64_t ldc);
+
+  // kMXFP4 (mxfp4_format.h), a: bf16 rows [M, lda] (lda >= kp, zero past k): per column and k-group,
+  // acc = Σ a·e2m1 in fp32, then c += 2^(e - 127)·acc (a power of two: the product is exact).
+  void (*gemm_mxfp4)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                     int64_t b1, float* c, int64_t ldc);
 };
 
 // The entry points an ISA defines in its own namespace (ktmoe::generic, ::avx2,
@@ -95,7 +100,9 @@ struct IsaKernels {
   void f16_to_f32(const uint16_t* x, float* y, int64_t n);                                        \
   void f32_to_f16(const float* x, uint16_t* y, int64_t n);                                        \
   void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,  \
-                        int64_t b0, int64_t b1, float* c, int64_t ldc)
+                        int64_t b0, int64_t b1, float* c, int64_t ldc);                           \
+  void gemm_mxfp4(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,        \
+                  int64_t b0, int64_t b1, float* c, int64_t ldc)
 
 // Tables, defined in generic/, avx2/, avx2_vnni/, avx512/, amx/. All but generic are compiled
 // with their ISA flags and must only be *called* after cpu_features says so.

@@ -33,6 +33,10 @@
 //          packing the unpacked weights again gives the same bytes), z = clamp(round(-lo / s), 0, 15),
 //          q = clamp(round(v / s) + z, 0, 15), rounding half to even; s = 0: q = z = 0. Written by int4a_store_row
 //          (pack_int4_affine.h; int4 checkpoints keep their own codes, scales and zeros there).
+//   kMXFP4 per (row, group) of valid values v, OCP MX: e = e8m0_for_amax(max|v|) (127 + floor(log2
+//          max|v|) - 2, at least 0), codes e2m1_from_float(v * 2^(127 - e)) (nearest with v's sign, ties to the even
+//          code), written by mxfp4_store_row (pack_mxfp4.h; MXFP4 checkpoints keep their own codes and
+//          scales there).
 //
 // Row mapping: packed row pr = 16*b + i. kGateUp: block 2j holds gate rows
 // 16j + i, block 2j + 1 up rows I + 16j + i (rows >= I inside a block are
@@ -60,6 +64,7 @@
 #include "kernels/fp8_format.h"
 #include "kernels/generic/bf16_scalar.h"
 #include "kernels/pack_int4_affine.h"
+#include "kernels/pack_mxfp4.h"
 
 namespace ktmoe {
 namespace {
@@ -234,6 +239,19 @@ void pack_row_int4_affine(const PackedMatrixHeader& h, int64_t pr, const float* 
   int4a_store_row(h, pr, q, s, z, data, scales);
 }
 
+// mxfp4 from dense weights ([NOTE]); q: k codes, e: kp / group E8M0 bytes (scratch).
+void pack_row_mxfp4(const PackedMatrixHeader& h, int64_t pr, const float* w, uint8_t* q, uint8_t* e, uint8_t* data,
+                    uint8_t* scales) {
+  for (int64_t g = 0; g < h.kp / h.group; ++g) {
+    const int64_t c0 = g * h.group, c1 = std::min<int64_t>(h.k, c0 + h.group);
+    float amax = 0.f;
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[c]));
+    e[g] = e8m0_for_amax(amax);
+    for (int64_t c = c0; c < c1; ++c) q[c] = e2m1_from_float(std::ldexp(w[c], kE8m0Bias - int(e[g])));
+  }
+  mxfp4_store_row(h, pr, q, e, data, scales);
+}
+
 void check_header(const PackedMatrixHeader& h) {
   if (h.magic != kPackedMagic || h.version != kPackedVersion)
     throw std::invalid_argument("pack_matrix: header has a bad magic or version");
@@ -246,6 +264,13 @@ void check_header(const PackedMatrixHeader& h) {
 }
 
 }  // namespace
+
+void check_exact_header(const PackedMatrixHeader& h, WeightFormat format, const char* who) {
+  if (h.magic != kPackedMagic || h.version != kPackedVersion || h.format != uint8_t(format) ||
+      h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 || h.group <= 0 ||
+      h.group % kAlignK || h.kp % h.group || h.kp < h.k || h.np % kBlockN || h.np < h.n)
+    throw std::invalid_argument(std::string(who) + ": inconsistent header (use packed_matrix_header)");
+}
 
 PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, int64_t n,
                                         int64_t k, int64_t group) {
@@ -302,9 +327,10 @@ void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uin
   // int4 scratch: the chosen q of one group and the candidate being tried.
   std::vector<uint8_t> q_buf(format == WeightFormat::kINT4 ? size_t(2 * header.group) : 0);
   // int4_affine scratch: one row's codes, and its scales and zero points.
-  const bool affine = format == WeightFormat::kINT4A;
-  std::vector<uint8_t> aq(affine ? size_t(header.kp) : 0), az(affine ? size_t(header.kp / header.group) : 0);
-  std::vector<float> as(az.size());
+  // mxfp4 scratch: one row's codes and E8M0 bytes.
+  const bool affine = format == WeightFormat::kINT4A, nibbles = affine || format == WeightFormat::kMXFP4;
+  std::vector<uint8_t> aq(nibbles ? size_t(header.kp) : 0), az(nibbles ? size_t(header.kp / header.group) : 0);
+  std::vector<float> as(affine ? az.size() : 0);
   for (int64_t pr = 0; pr < header.np; ++pr) {
     const int64_t r = dense_row(header, pr);
     const float* w = r >= 0 ? rows[r] : nullptr;
@@ -318,6 +344,9 @@ void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uin
         break;
       case WeightFormat::kINT4A:
         if (w) pack_row_int4_affine(header, pr, w, aq.data(), as.data(), az.data(), data, scales);
+        break;
+      case WeightFormat::kMXFP4:
+        if (w) pack_row_mxfp4(header, pr, w, aq.data(), az.data(), data, scales);
         break;
       case WeightFormat::kINT4:
         if (w) {

@@ -23,4 +23,8 @@ PackedMatrixHeader packed_matrix_header(WeightFormat format, MatrixRole role, in
 // throws std::domain_error ("nan at row r, column c") before anything is written.
 void pack_matrix(const PackedMatrixHeader& header, const float* const* rows, uint8_t* out);
 
+// The checks of an exact checkpoint packer (fp8, int4_affine, mxfp4): a header of `format` made
+// by packed_matrix_header, with groups that tile kp; std::invalid_argument naming `who` otherwise.
+void check_exact_header(const PackedMatrixHeader& h, WeightFormat format, const char* who);
+
 }  // namespace ktmoe

@@ -23,10 +23,7 @@ std::string where(int64_t expert, int64_t r) {
 
 void check_int4a_inputs(const PackedMatrixHeader& h, const uint8_t* const* q, const float* const* scale,
                         const uint8_t* const* zero, int64_t expert) {
-  if (h.magic != kPackedMagic || h.version != kPackedVersion || h.format != uint8_t(WeightFormat::kINT4A) ||
-      h.role > static_cast<uint8_t>(MatrixRole::kDown) || h.n <= 0 || h.k <= 0 || h.group <= 0 ||
-      h.group % kAlignK || h.kp % h.group || h.kp < h.k || h.np % kBlockN || h.np < h.n)
-    throw std::invalid_argument("int4a_pack_matrix: inconsistent header (use packed_matrix_header)");
+  check_exact_header(h, WeightFormat::kINT4A, "int4a_pack_matrix");
   const int64_t ngroups = h.kp / h.group;
   for (int64_t r = 0; r < h.n; ++r) {
     for (int64_t c = 0; c < h.k; ++c)

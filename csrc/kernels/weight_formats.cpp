@@ -13,6 +13,7 @@
 #include "kernels/fp8_format.h"
 #include "kernels/int4_affine_format.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/mxfp4_format.h"
 
 namespace ktmoe {
 namespace {
@@ -33,6 +34,9 @@ constexpr int64_t kDefaultInt8Group = 32;  // q8_0's block
 // int4 (codebook) keeps one activation scale per row: its 4-bit weights dominate its error.
 // int4_affine (int4_affine_format.h): group 128 is GPTQ / AWQ's; from dense weights GPTQ's min/max
 // rounded to nearest (no error feedback): layer error 0.16-0.18 at group 128, 0.14 at group 32.
+// mxfp4 (mxfp4_format.h): group 32 is the MX block (every MXFP4 checkpoint's); from dense weights
+// OCP MX's power-of-two scale and nearest e2m1: layer error ~0.20 (e2m1 has 15 levels, its scale
+// only powers of two); from a checkpoint the codes and scales are the weights (exact).
 constexpr WeightFormatTraits kRows[] = {
     {WeightFormat::kBF16, "bf16", 16, 2, GroupRule::kNone, 0, ScaleLayout::kNone, 0, ActivationRows::kBF16,
      ActivationScale::kNone, "gemm_bf16", &IsaKernels::gemm_bf16, nullptr, CodeValue::kBF16, 0, nullptr, 0.01},
@@ -48,6 +52,9 @@ constexpr WeightFormatTraits kRows[] = {
     {WeightFormat::kINT4A, "int4_affine", 4, 4, GroupRule::kChosen, kInt4AffineDefaultGroup,
      ScaleLayout::kF32U8ZeroPerBlockGroup, 5, ActivationRows::kBF16, ActivationScale::kNone, "gemm_int4_affine",
      &IsaKernels::gemm_int4_affine, nullptr, CodeValue::kAffine, 0, nullptr, 0.2},
+    {WeightFormat::kMXFP4, "mxfp4", 4, 4, GroupRule::kChosen, kMxfp4Group, ScaleLayout::kE8M0PerBlockGroup, 1,
+     ActivationRows::kBF16, ActivationScale::kNone, "gemm_mxfp4", &IsaKernels::gemm_mxfp4, nullptr,
+     CodeValue::kE2m1, 0, nullptr, 0.25},
 };
 constexpr int kCount = int(sizeof(kRows) / sizeof(kRows[0]));
 
@@ -68,7 +75,8 @@ constexpr bool rows_are_consistent() {
         (r.group == GroupRule::kNone) != (r.default_group == 0) ||
         (r.codes == CodeValue::kCodebook) != (r.codebook != nullptr) ||
         (r.codes == CodeValue::kE4m3 && r.scales != ScaleLayout::kF32PerBlockGroup) ||
-        (r.codes == CodeValue::kAffine) != (r.scales == ScaleLayout::kF32U8ZeroPerBlockGroup) || r.k_run < 2)
+        (r.codes == CodeValue::kAffine) != (r.scales == ScaleLayout::kF32U8ZeroPerBlockGroup) ||
+        (r.codes == CodeValue::kE2m1) != (r.scales == ScaleLayout::kE8M0PerBlockGroup) || r.k_run < 2)
       return false;
   }
   return true;

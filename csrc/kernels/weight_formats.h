@@ -24,7 +24,7 @@
 namespace ktmoe {
 
 // The id stored in PackedMatrixHeader::format: never renumber (cache files keep it).
-enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2, kFP8 = 3, kINT4A = 4 };
+enum class WeightFormat : uint8_t { kBF16 = 0, kINT8 = 1, kINT4 = 2, kFP8 = 3, kINT4A = 4, kMXFP4 = 5 };
 
 struct IsaKernels;
 struct PackedMatrixHeader;
@@ -46,6 +46,7 @@ enum class ScaleLayout : uint8_t {
   kBF16PerBlockGroup = 2, // per (block, group): 16 bf16 d, one per column of the block
   kF32PerBlockGroup = 3,  // per (block, group): 16 fp32 s, one per column of the block
   kF32U8ZeroPerBlockGroup = 4,  // per (block, group): 16 fp32 s, then 16 u8 zero points z
+  kE8M0PerBlockGroup = 5,       // per (block, group): 16 u8 E8M0 exponents e, s = 2^(e - 127) (mxfp4_format.h)
 };
 
 // The activation rows a format's gemm multiplies (prepared by the driver).
@@ -69,6 +70,7 @@ enum class CodeValue : uint8_t {
   kCodebook = 2,  // codebook[code]
   kE4m3 = 3,      // the code byte is an e4m3fn value (fp8_format.h)
   kAffine = 4,    // the code q itself, weight s * (q - z) (int4_affine_format.h)
+  kE2m1 = 5,      // the 4-bit code is an FP4 e2m1 value (mxfp4_format.h)
 };
 
 using GemmBF16Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda,

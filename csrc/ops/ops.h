@@ -77,6 +77,19 @@ void pack_int4_affine_experts_out(const at::Tensor& gate_up, const c10::optional
                                   const c10::optional<at::Tensor>& down_zero, int64_t group_size,
                                   const at::Tensor& w13, const at::Tensor& w2);
 
+// An MXFP4 checkpoint's experts, codes and scales kept: gate_up [E, 2I, H] (or gate with up
+// [E, I, H]), down [E, H, I] uint8 e2m1 codes 0..15; uint8 E8M0 scales per (row, k-group of
+// group_size inputs, 0 -> 32) [E, rows, ceil(k/g)] -> (w13 [E, B13], w2 [E, B2]) uint8 in kMXFP4.
+std::tuple<at::Tensor, at::Tensor> pack_mxfp4_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
+                                                      const at::Tensor& down, const at::Tensor& gate_up_scale,
+                                                      const c10::optional<at::Tensor>& up_scale,
+                                                      const at::Tensor& down_scale, int64_t group_size);
+// The same into outputs the caller allocated (as pack_experts_out).
+void pack_mxfp4_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
+                            const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale,
+                            const at::Tensor& down_scale, int64_t group_size, const at::Tensor& w13,
+                            const at::Tensor& w2);
+
 // Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,
                             int64_t k, int64_t group_size);

@@ -8,6 +8,10 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include "ops/weight_bytes.h"
 
 namespace ktmoe {
 
@@ -32,6 +36,29 @@ PackFailure pack_each_expert(int64_t experts, const F& pack) {
     }
   });
   return bad;
+}
+
+// The row pointers of expert e of parts (each [E, r_i, cols_i] of element type T) in order: rows of
+// part 0, then of part 1, ...; each part's expert made contiguous into keep (which must outlive them).
+template <class T>
+std::vector<const T*> expert_rows(const std::vector<at::Tensor>& parts, int64_t e, std::vector<at::Tensor>& keep) {
+  std::vector<const T*> rows;
+  for (const at::Tensor& part : parts) {
+    keep.push_back(part.select(0, e).contiguous());
+    const T* p = keep.back().data_ptr<T>();
+    for (int64_t r = 0; r < part.size(1); ++r) rows.push_back(p + r * part.size(2));
+  }
+  return rows;
+}
+
+// The allocating form of a pack op: new [E, total_bytes] outputs for plan's h13 and h2 (a PackPlan),
+// filled by pack_out(w13, w2) (the op's _out form).
+template <class Plan, class F>
+std::tuple<at::Tensor, at::Tensor> pack_new(const Plan& plan, const F& pack_out) {
+  at::Tensor w13 = empty_weight_bytes({plan.experts, plan.h13.total_bytes});
+  at::Tensor w2 = empty_weight_bytes({plan.experts, plan.h2.total_bytes});
+  pack_out(w13, w2);
+  return {w13, w2};
 }
 
 // An output the caller allocated: uint8 CPU [E, bytes], contiguous, 64-byte aligned.

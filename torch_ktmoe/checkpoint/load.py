@@ -9,7 +9,8 @@ block within it; together they are the fingerprint the cache files are checked a
 reads nothing from the checkpoint.
 ``reader_experts(reader, ids, weight_format, group_size)`` is what a host hands it: an FP8
 checkpoint's e4m3 bytes and scales as they are when the target is ``fp8``, an int4 checkpoint's
-codes, scales and zero points as they are when it is ``int4_affine``, else dense weights;
+codes, scales and zero points as they are when it is ``int4_affine``, an MXFP4 checkpoint's e2m1 codes and
+E8M0 scales as they are when it is ``mxfp4`` (only when asked for: its default is bf16), else dense weights;
 ``exact_format(reader)`` is the format a reader's experts are read into exactly (None: dense only).
 """
 from __future__ import annotations
@@ -71,11 +72,14 @@ def exact_group_size(reader, weight_format: str, group_size: int = 0) -> int:
 def reader_experts(reader, ids, weight_format: str, group_size: int = 0):
     """What :func:`load_experts` packs from ``reader``: its exact e4m3 experts with their scales per
     (row, k-group) (``fp8_experts``) when the target format is ``"fp8"``, its int4 codes with scales and
-    zero points (``int4_experts``) when it is ``"int4_affine"``, else its dense ``experts(ids)``."""
+    zero points (``int4_experts``) when it is ``"int4_affine"``, its e2m1 codes with E8M0 scale bytes
+    (``mxfp4_experts``) when it is ``"mxfp4"``, else its dense ``experts(ids)``."""
     if weight_format == "fp8" and hasattr(reader, "fp8_experts"):
         return reader.fp8_experts(ids, group_size or FP8_GROUP)
     if weight_format == "int4_affine" and hasattr(reader, "int4_experts"):
         return reader.int4_experts(ids, group_size or reader.group_size)
+    if weight_format == "mxfp4" and hasattr(reader, "mxfp4_experts"):  # asked for: the default stays bf16
+        return reader.mxfp4_experts(ids, group_size or 32)
     return reader.experts(ids)
 
 
@@ -89,7 +93,8 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
     ``(gate_up, down, gate_up_scale, down_scale)`` of an FP8 checkpoint (e4m3, see
     :func:`reader_experts`; packed exactly into ``weight_format="fp8"``), or ``(gate_up_codes,
     down_codes, gate_up_scale, down_scale, gate_up_zero, down_zero)`` of an int4 checkpoint (packed
-    exactly into ``weight_format="int4_affine"``); a lazy iterable
+    exactly into ``weight_format="int4_affine"``), or ``(gate_up_codes, down_codes, gate_up_scale,
+    down_scale)`` of an MXFP4 checkpoint (uint8, packed exactly into ``"mxfp4"``); a lazy iterable
     (a reader's ``experts(ids)``), consumed only when the cache has no valid files for
     ``layer_fingerprint(source, key)``. ``dtype``: what the experts are handed to the packer in
     (see :func:`as_kernel_input`). ``ktmoe_kwargs`` (``weight_format``, ``layer_idx``, ``cache``,
@@ -103,7 +108,7 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
             if len(scales) == 4:  # int4 codes with scales and zero points: as they are
                 ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
                                 gate_up_zero=scales[2], down_zero=scales[3], fingerprint=fingerprint)
-            elif scales:  # e4m3 with its scales: as they are
+            elif scales:  # e4m3 (or e2m1 codes) with its scales: as they are
                 ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
                                 fingerprint=fingerprint)
             else:

@@ -4,7 +4,8 @@ A block holds 32 weights: 16 bytes of FP4 E2M1 codes (two per byte, the low nibb
 and one E8M0 scale byte, the power of two ``2^(scale - 127)``. E2M1 codes 0..7 are
 0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes 8..15 the same values negated.
 
-:class:`Mxfp4Experts` reads a gpt-oss checkpoint's experts, dequantized one expert at a time.
+:class:`Mxfp4Experts` reads a gpt-oss checkpoint's experts, dequantized one expert at a time, or (its
+``mxfp4_experts``) as codes and scale bytes for ``weight_format="mxfp4"``, which keeps them exactly.
 """
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ import torch
 from .fused_layout import CONCATENATED, FusedLayout
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def split_nibbles(blocks: torch.Tensor) -> torch.Tensor:
+    """blocks [..., G, 16] uint8 -> the e2m1 codes [..., G * 32], one per byte (the low nibble first), as
+    :func:`torch_ktmoe.ops.pack_mxfp4_experts` takes them."""
+    return torch.stack([blocks & 0x0F, blocks >> 4], -1).flatten(-3)
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -80,6 +87,21 @@ class Mxfp4Experts:
     def _dequantized_row(self, name: str, e: int) -> torch.Tensor:
         return dequantize_mxfp4(self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e),
                                 self.ckpt.get_row(f"{self.prefix}.{name}_scales", e))
+
+    def mxfp4_experts(self, ids: Iterable[int], group: int = 32) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Per id, the e2m1 codes ``(gate_up [2I, H], down [H, I])`` (uint8, one per byte) and their E8M0
+        scale bytes ``(gate_up_scale [2I, H/32], down_scale [H, I/32])``, exactly; ``group`` must be 32."""
+        if group != 32:
+            raise ValueError(f"MXFP4 checkpoints have one scale per 32 inputs, not per {group}")
+        ids = list(ids)
+        self.ckpt.expect_rows(f"{self.prefix}.gate_up_proj_blocks", ids)
+        for e in ids:
+            gate_up, down = (self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e) for name in ("gate_up_proj", "down_proj"))
+            gate_up_scale, down_scale = (self.ckpt.get_row(f"{self.prefix}.{name}_scales", e)
+                                         for name in ("gate_up_proj", "down_proj"))
+            gate, up = self.rows.split_gate_up(split_nibbles(gate_up))
+            gate_scale, up_scale = self.rows.split_gate_up(gate_up_scale)
+            yield torch.cat([gate, up]), split_nibbles(down), torch.cat([gate_scale, up_scale]), down_scale
 
     def experts(self, ids: Iterable[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         ids = list(ids)

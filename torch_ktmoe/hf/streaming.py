@@ -263,7 +263,9 @@ def from_pretrained(
     pack-quantized, ``"gptq"``, ``"awq"``) streams its experts into ``weight_format="int4_affine"``
     the same way (codes, scales and zero points as they are, the checkpoint's group size), or
     dequantized into another format; its other int4 linears are dequantized into the model's
-    weights (:mod:`.int4_dense`). Other ``quant_method`` values are refused by name.
+    weights (:mod:`.int4_dense`). An MXFP4 checkpoint (gpt-oss ``_blocks`` / ``_scales``) is
+    dequantized into ``bf16`` by default (the same values), or with ``weight_format="mxfp4"`` streams its
+    e2m1 codes and E8M0 scales as they are. Other ``quant_method`` values are refused by name.
 
     ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
     the cache fingerprint of a layer is the checkpoint's (its files' names, sizes, mtimes,

@@ -56,6 +56,13 @@ inline __m256i broadcast32(const void* p) {
   return _mm256_set1_epi32(v);
 }
 
+// x, opaque to the optimizer: a product passed through it is rounded before any add (GCC would
+// otherwise contract _mm256_mul_ps + _mm256_add_ps into one FMA, -ffp-contract=fast, and differ from generic).
+inline __m256 rounded(__m256 x) {
+  asm("" : "+x"(x));
+  return x;
+}
+
 // 8 bf16 -> 8 fp32 (exact: bf16 is the top half of fp32).
 inline __m256 bf16x8_to_f32(const uint16_t* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

@@ -1,6 +1,7 @@
 // [NOTE] The avx2 tile loops of the bf16-activation formats whose weights are decoded to
-// fp32 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx2.cpp) and kINT4A
-// (gemm_int4_affine_avx2.cpp). One set of templates, one decoder per format:
+// fp32 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx2.cpp), kINT4A
+// (gemm_int4_affine_avx2.cpp) and kMXFP4 (gemm_mxfp4_avx2.cpp). One set of templates, one decoder
+// per format:
 //   kRowSums                      whether group_end takes the row's Σ a of the group
 //   kPairBytes                    bytes of one k-pair of a block (32 for e4m3, 16 for nibbles)
 //   pair(block, p, w[4])          k-pair p of a block -> fp32: columns 0-7 / 8-15 of the even k,
@@ -39,6 +40,13 @@ constexpr int64_t kPanelPairs = 64;  // k-pairs per decoded panel: 64 x 128 B = 
 // 20-23 GB/s read; 1-4 KiB ahead into L2 left cold within 2 % and made hot 20 % slower;
 // int4_affine, 8 GB/s hot, within 6 % cold and slower hot).
 constexpr int64_t kDecodeAhead = 0;
+
+// A decoder's (block, group) scale records, record_bytes each, from the start of the scales.
+struct GroupRecords {
+  const uint8_t* scales;  // block 0, group 0
+  int64_t ngroups, record_bytes;
+  inline const uint8_t* record(int64_t b, int64_t g) const { return scales + (b * ngroups + g) * record_bytes; }
+};
 
 struct Ctx {
   const uint8_t* data;  // block 0
@@ -168,6 +176,15 @@ void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t l
         }
     }
   }
+}
+
+// The gemm of w with the decoder Dec(scales, ngroups); bstride: the bytes of one block's data.
+template <class Dec>
+void gemm_of(const PackedMatrixHeader* w, int64_t bstride, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+             int64_t b1, float* c, int64_t ldc) {
+  const int64_t kp = w->kp, ngroups = kp / w->group;
+  gemm(Dec(packed_scales(w), ngroups), Ctx{packed_data(w), bstride, ngroups, w->group / 2}, kp, a, lda, m, b0, b1, c,
+       ldc);
 }
 
 }  // namespace decoded

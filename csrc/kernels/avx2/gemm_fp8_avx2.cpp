@@ -60,9 +60,7 @@ struct Fp8Decoder {
 // w: kFP8 matrix; a: bf16 [M, lda] (kp columns used); c: fp32 [M, ldc], 16*(b1-b0) columns.
 void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
               int64_t b1, float* c, int64_t ldc) {
-  const int64_t kp = w->kp, ngroups = kp / w->group;
-  const decoded::Ctx x{packed_data(w), fp8_block_data_bytes(kp), ngroups, w->group / 2};
-  decoded::gemm(Fp8Decoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
+  decoded::gemm_of<Fp8Decoder>(w, fp8_block_data_bytes(w->kp), a, lda, m, b0, b1, c, ldc);
 }
 
 }  // namespace avx2

@@ -19,13 +19,6 @@ namespace {
 
 inline __m256 u16x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v)); }
 
-// x, opaque to the optimizer: a product passed through it is rounded before any add (GCC would
-// otherwise contract _mm256_mul_ps + _mm256_add_ps into one FMA, -ffp-contract=fast, and differ from generic).
-inline __m256 rounded(__m256 x) {
-  asm("" : "+x"(x));
-  return x;
-}
-
 // The nibble decoder of gemm_decoded_avx2.h.
 struct Int4AffineDecoder {
   static constexpr bool kRowSums = true;
@@ -66,9 +59,7 @@ struct Int4AffineDecoder {
 // w: kINT4A matrix; a: bf16 [M, lda] (kp columns used); c: fp32 [M, ldc], 16*(b1-b0) columns.
 void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                       int64_t b1, float* c, int64_t ldc) {
-  const int64_t kp = w->kp, ngroups = kp / w->group;
-  const decoded::Ctx x{packed_data(w), int4a_block_data_bytes(kp), ngroups, w->group / 2};
-  decoded::gemm(Int4AffineDecoder(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
+  decoded::gemm_of<Int4AffineDecoder>(w, int4a_block_data_bytes(w->kp), a, lda, m, b0, b1, c, ldc);
 }
 
 }  // namespace avx2

@@ -1,6 +1,7 @@
 // [NOTE] The avx512 tile loops of the bf16-activation formats whose weights are decoded
-// to bf16 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx512.cpp) and
-// kINT4A (gemm_int4_affine_avx512.cpp). One set of templates, one decoder per format.
+// to bf16 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx512.cpp), kINT4A
+// (gemm_int4_affine_avx512.cpp) and kMXFP4 (gemm_mxfp4_avx512.cpp). One set of templates, one
+// decoder per format; the two nibble formats share their decode half (NibbleSteps).
 //
 // A decoder turns one "step" of a block (2 k-pairs: 64 bytes of e4m3, 32 bytes of nibbles)
 // into 2 zmm of bf16 in the VNNI pair layout vdpbf16ps reads, and gives each (block,
@@ -248,6 +249,61 @@ void gemm_prefill(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, i
   for (; b < b1; ++b) group(std::integral_constant<int, 1>{}, b);
 }
 
+// The decode half of the decoders of kINT4A's nibble layout (kINT4A, kMXFP4): a step is one
+// k-quad (32 bytes) of a block, its low nibbles k-pair p and its high nibbles k-pair p + 1 in
+// the pair layout, each turned into 32 bf16 by one vpermw of `table` (entry i: the bf16 of code
+// i % 16, so the other nibble's bit in a word index's bit 4 is ignored):
+//   vpmovzxbw   v = the bytes zero-extended to words (a load operand)
+//   vpermw      lo = T[v & 31];   vpsrlw v >> 4, vpermw: hi = T[v >> 4]
+// 2 vector ops per 32 weights. A format's decoder derives from it, adding kRowSums, scale, offset
+// (read from record(b, g): the format's (block, group) scale record of record_bytes).
+struct NibbleSteps {
+  static constexpr int64_t kStepBytes = 32;
+  __m512i table;
+  const uint8_t* scales;  // block 0, group 0
+  int64_t ngroups, record_bytes;
+  NibbleSteps(const uint16_t* t, const uint8_t* s, int64_t ng, int64_t rb)
+      : table(_mm512_load_si512(t)), scales(s), ngroups(ng), record_bytes(rb) {}
+  inline const uint8_t* record(int64_t b, int64_t g) const { return scales + (b * ngroups + g) * record_bytes; }
+
+  static inline __m512i widen(const uint8_t* p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  inline __m512i low(__m512i v) const { return _mm512_permutexvar_epi16(v, table); }
+  inline __m512i high(__m512i v) const { return _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table); }
+
+  template <int NB>
+  struct Step {
+    __m512i v[NB];
+  };
+  template <int NB>
+  inline Step<NB> step(const uint8_t* w, int64_t bstride, int64_t p) const {
+    Step<NB> st;
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) st.v[j] = widen(w + j * bstride + (p / 2) * 32);
+    return st;
+  }
+  template <int NB>
+  inline __m512i pair(const Step<NB>& st, int h, int j) const {
+    return h == 0 ? low(st.v[j]) : high(st.v[j]);
+  }
+  // n (even) k-pairs of a block at p -> n zmm of bf16 codes at out (prefetching the next chunk).
+  inline void pairs(const uint8_t* p, int64_t n, uint8_t* out) const {
+    for (int64_t i = 0; i < n; i += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + (i / 2) * 32 + (kPChunk / 2) * 32), _MM_HINT_T0);
+      const __m512i v = widen(p + (i / 2) * 32);
+      _mm512_store_si512(out + i * 64, low(v));
+      _mm512_store_si512(out + (i + 1) * 64, high(v));
+    }
+  }
+};
+
+// The gemm of a format without row sums whose decoder is Dec(scales, ngroups) (kFP8, kMXFP4); bstride: the
+// bytes of one block's data. a: bf16 rows [m, lda]; c: fp32 [m, ldc], columns 0 .. 16*(b1-b0) written.
+template <class Dec>
+void gemm_scaled(const PackedMatrixHeader* w, int64_t bstride, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                 int64_t b1, float* c, int64_t ldc);
+
 // The whole gemm: decode tiles for m <= 8, else the prefill. a: bf16 rows [m, lda].
 // kAhead: the decode tiles' prefetch distance (benchmarks/micro/fp8_decode_micro.cpp varies it).
 template <class Dec, int64_t kAhead = kDecodeAhead>
@@ -266,6 +322,15 @@ void gemm(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t l
     default: break;
   }
   gemm_prefill(dec, x, kp, a, lda, m, b0, b1, c, ldc);
+}
+
+template <class Dec>
+void gemm_scaled(const PackedMatrixHeader* w, int64_t bstride, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                 int64_t b1, float* c, int64_t ldc) {
+  if (m <= 0 || b1 <= b0) return;
+  const int64_t kp = w->kp, ngroups = kp / w->group;
+  const Ctx x{packed_data(w), bstride, ngroups, w->group / 2, nullptr, w->np / kBlockN};
+  gemm(Dec(packed_scales(w), ngroups), x, kp, a, lda, m, b0, b1, c, ldc);
 }
 
 }  // namespace decoded

@@ -3,11 +3,9 @@
 // (int4_affine_format.h), by the tile loops of gemm_decoded_avx512.h (shared with gemm_fp8).
 //
 // Decode, 32 bytes (one k-quad of a block: k-pair 2j in the low nibbles, 2j+1 in the high
-// ones, each in the VNNI pair layout) -> two zmm of 32 bf16 codes, exact:
-//   vpmovzxbw   v = the bytes zero-extended to words (a load operand)
-//   vpermw      lo = T[v & 31]         T[i] = bf16(i % 16): the high nibble's bit 4 is ignored
-//   vpsrlw      v >> 4, vpermw: hi = T[v >> 4]
-// so 2 vector ops per 32 weights before the vdpbf16ps of each row (fp8's decode takes 3.5).
+// ones, each in the VNNI pair layout) -> two zmm of 32 bf16 codes, exact: gemm_decoded_avx512.h's
+// NibbleSteps with T[i] = bf16(i % 16), 2 vector ops per 32 weights before the vdpbf16ps of each
+// row (fp8's decode takes 3.5).
 // The row sums xsum_G = Σ_{k∈G} a[m][k] are computed once per call (vdpbf16ps against bf16
 // ones, then a horizontal add: m x kp / 32 instructions), and each (block, group) of a
 // tile ends with out = fma(s, acc, out), out = fma(o, xsum_G, out), where o = -(s * z)
@@ -30,48 +28,11 @@ namespace ktmoe {
 namespace avx512 {
 namespace {
 
-// The nibble decoder of gemm_decoded_avx512.h: a step is one k-quad (32 bytes) of a block.
-struct Int4AffineDecoder {
+// The nibble decoder of gemm_decoded_avx512.h: NibbleSteps over the bf16 of codes 0..15.
+struct Int4AffineDecoder : decoded::NibbleSteps {
   static constexpr bool kRowSums = true;
-  static constexpr int64_t kStepBytes = 32;
-  const uint8_t* scales;  // block 0, group 0
-  int64_t ngroups;
-  __m512i table = _mm512_load_si512(kInt4AffineBf16.v);
-  Int4AffineDecoder(const uint8_t* s, int64_t ng) : scales(s), ngroups(ng) {}
+  Int4AffineDecoder(const uint8_t* s, int64_t ng) : NibbleSteps(kInt4AffineBf16.v, s, ng, kInt4AffineRecordBytes) {}
 
-  static inline __m512i widen(const uint8_t* p) {
-    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  inline __m512i low(__m512i v) const { return _mm512_permutexvar_epi16(v, table); }
-  inline __m512i high(__m512i v) const { return _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table); }
-
-  template <int NB>
-  struct Step {
-    __m512i v[NB];
-  };
-  template <int NB>
-  inline Step<NB> step(const uint8_t* w, int64_t bstride, int64_t p) const {
-    Step<NB> st;
-#pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) st.v[j] = widen(w + j * bstride + (p / 2) * 32);
-    return st;
-  }
-  template <int NB>
-  inline __m512i pair(const Step<NB>& st, int h, int j) const {
-    return h == 0 ? low(st.v[j]) : high(st.v[j]);
-  }
-  // n (even) k-pairs of a block at p -> n zmm of bf16 codes at out (prefetching the next chunk).
-  inline void pairs(const uint8_t* p, int64_t n, uint8_t* out) const {
-    for (int64_t i = 0; i < n; i += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + (i / 2) * 32 + (decoded::kPChunk / 2) * 32), _MM_HINT_T0);
-      const __m512i v = widen(p + (i / 2) * 32);
-      _mm512_store_si512(out + i * 64, low(v));
-      _mm512_store_si512(out + (i + 1) * 64, high(v));
-    }
-  }
-  inline const uint8_t* record(int64_t b, int64_t g) const {
-    return scales + (b * ngroups + g) * kInt4AffineRecordBytes;
-  }
   inline __m512 scale(int64_t b, int64_t g) const { return _mm512_loadu_ps(record(b, g)); }
   // o = -(s * z): the product is exact for bf16 / fp16 s, the sign flip always is.
   inline __m512 offset(int64_t b, int64_t g) const {

@@ -4,7 +4,8 @@
 //   gemm_bf16_avx512.cpp   vdpbf16ps register tiles over the kBF16 pair layout
 //   gemm_int_avx512.cpp    vpdpbusd register tiles, shared by kINT8 and kINT4
 //   gemm_fp8_avx512.cpp    e4m3 decoded to bf16 in registers, vdpbf16ps tiles (kFP8)
-//   gemm_int4_affine_avx512.cpp  nibbles decoded to bf16 the same way (kINT4A); both run
+//   gemm_int4_affine_avx512.cpp  nibbles decoded to bf16 the same way (kINT4A)
+//   gemm_mxfp4_avx512.cpp  e2m1 nibbles decoded by a 16-entry vpermw LUT (kMXFP4); all three run
 //                          the tile loops of gemm_decoded_avx512.h
 //   elementwise_avx512.cpp gated_act, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
@@ -18,7 +19,8 @@ KTMOE_DECLARE_ISA_ENTRY_POINTS();
 const IsaKernels& avx512_kernels() {
   static const IsaKernels table{"avx512",          avx512::gemm_bf16, avx512::gemm_int8,
                                 avx512::gemm_int4, avx512::gemm_fp8, avx512::gated_act, avx512::quantize_rows,
-                                avx512::to_bf16,   avx512::f16_to_f32, avx512::f32_to_f16, avx512::gemm_int4_affine};
+                                avx512::to_bf16,   avx512::f16_to_f32, avx512::f32_to_f16, avx512::gemm_int4_affine,
+                                avx512::gemm_mxfp4};
   return table;
 }
 

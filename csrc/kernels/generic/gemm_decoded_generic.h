@@ -1,6 +1,7 @@
 // [NOTE] The generic tile loop of the bf16-activation formats whose weights are decoded
-// to fp32 and scaled per (column, k-group): kFP8 and kINT4A. One template, one decoder
-// per format (gemm_fp8_generic.cpp, gemm_int4_affine_generic.cpp).
+// to fp32 and scaled per (column, k-group): kFP8, kINT4A and kMXFP4. One template, one decoder
+// per format (gemm_fp8_generic.cpp, gemm_int4_affine_generic.cpp, gemm_mxfp4_generic.cpp); the
+// two nibble formats share nibble_panel.
 //
 // For rows m < M and the 16*(b1-b0) output columns of blocks [b0, b1):
 //   per block, per k-group g, per panel of at most kPanelK inputs inside the group, the
@@ -20,9 +21,25 @@
 
 #include "kernels/generic/bf16_scalar.h"
 #include "kernels/generic/generic_kernels.h"
+#include "kernels/int4_affine_format.h"
 
 namespace ktmoe {
 namespace generic {
+
+// A panel of kINT4A's nibble layout (kMXFP4's too): panel[c][j] = value(code of W[16*block + j][k0 + c])
+// for c < kc (k0, kc multiples of 4); out: fp32 [kc][16].
+template <class Value>
+void nibble_panel(const uint8_t* data, int64_t kp, int64_t block, int64_t k0, int64_t kc, const Value& value,
+                  float* out) {
+  const uint8_t* quads = data + block * int4a_block_data_bytes(kp) + (k0 / 4) * 32;
+  for (int64_t t = 0; t < kc / 4; ++t)
+    for (int64_t j = 0; j < kBlockN; ++j)
+      for (int64_t h = 0; h < 2; ++h) {  // byte 2j + h: k = 4t + h (low nibble), 4t + 2 + h (high)
+        const uint8_t byte = quads[t * 32 + 2 * j + h];
+        out[(4 * t + h) * kBlockN + j] = value(uint8_t(byte & 15));
+        out[(4 * t + 2 + h) * kBlockN + j] = value(uint8_t(byte >> 4));
+      }
+}
 
 // a: bf16 [m, lda] (lda >= kp, zero past k); c: fp32 [m, ldc], columns [0, 16*(b1-b0)).
 template <class Decoder>

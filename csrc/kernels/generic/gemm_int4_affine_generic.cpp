@@ -20,14 +20,7 @@ struct Int4AffinePanelDecoder {
   int64_t kp, group;
   // panel[c][j] = q(W[16*block + j][k0 + c]) for c < kc (k0, kc multiples of 4).
   void panel(int64_t block, int64_t k0, int64_t kc, float* out) const {
-    const uint8_t* quads = data + block * int4a_block_data_bytes(kp) + (k0 / 4) * 32;
-    for (int64_t t = 0; t < kc / 4; ++t)
-      for (int64_t j = 0; j < kBlockN; ++j)
-        for (int64_t h = 0; h < 2; ++h) {  // byte 2j + h: k = 4t + h (low nibble), 4t + 2 + h (high)
-          const uint8_t byte = quads[t * 32 + 2 * j + h];
-          out[(4 * t + h) * kBlockN + j] = float(byte & 15);
-          out[(4 * t + 2 + h) * kBlockN + j] = float(byte >> 4);
-        }
+    nibble_panel(data, kp, block, k0, kc, [](uint8_t q) { return float(q); }, out);
   }
   void group_end(int64_t block, int64_t g, const float* acc, float xsum, float* c) const {
     const uint8_t* rec = scales + int4a_record_offset(kp, group, block * kBlockN, g);

@@ -1,0 +1,284 @@
+// The kMXFP4 format (mxfp4_format.h): e2m1 / E8M0 values and the kernels' decode tables against
+// the fields written out again, nearest-e2m1 rounding (ties to even, saturation), the exact
+// packer's nibbles and scale bytes at the layout's offsets (written out again), the dense packer
+// against OCP MX's rule, what the packer refuses, and every ISA's gemm_mxfp4: every code times
+// the E8M0 extremes exactly (one-hot rows), random codes against a double-precision reference
+// and against generic (avx2 bit-identical: the same fp32 operations), bits that depend neither
+// on the (b0, b1) split nor on M.
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "check.h"
+#include "kernels/pack.h"
+#include "kernels/pack_mxfp4.h"
+#include "tests.h"
+
+namespace ktmoe_test {
+
+using namespace ktmoe;
+
+namespace {
+
+// e2m1 from its fields: (-1)^s * (e == 0 ? m/2 : 2^(e-1) * (1 + m/2)).
+double ref_e2m1(int code) {
+  const int e = (code >> 1) & 3, m = code & 1;
+  const double mag = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return code & 8 ? -mag : mag;
+}
+
+// An MXFP4 matrix as a checkpoint holds it: codes [n][k] (one per byte), E8M0 bytes [n][groups].
+struct Mxfp4Matrix {
+  std::vector<uint8_t> q, e;
+  std::vector<const uint8_t*> rows, erows;
+};
+
+Mxfp4Matrix random_mxfp4(const PackedMatrixHeader& h, int e_lo, int e_hi, Rng& rng) {
+  Mxfp4Matrix d;
+  const int64_t ng = h.kp / h.group;
+  d.q.resize(size_t(h.n) * h.k);
+  for (auto& q : d.q) q = uint8_t(rng.below(16));
+  d.e.resize(size_t(h.n * ng));
+  for (auto& e : d.e) e = uint8_t(e_lo + int(rng.below(uint64_t(e_hi - e_lo + 1))));
+  for (int64_t r = 0; r < h.n; ++r) d.rows.push_back(d.q.data() + r * h.k), d.erows.push_back(d.e.data() + r * ng);
+  return d;
+}
+
+AlignedBytes pack(const PackedMatrixHeader& h, const Mxfp4Matrix& d, uint8_t fill) {
+  AlignedBytes out(size_t(h.total_bytes), fill);
+  mxfp4_pack_matrix(h, d.rows.data(), d.erows.data(), 0, out.get());
+  return out;
+}
+
+// Dense row of packed row pr, or -1 (packed_format.h's role rule, written out again).
+int64_t dense_of(const PackedMatrixHeader& h, int64_t pr) {
+  if (h.role != uint8_t(MatrixRole::kGateUp)) return pr < h.n ? pr : -1;
+  const int64_t i = (pr / 32) * 16 + pr % 16, inter = h.n / 2;
+  return i >= inter ? -1 : (pr / 16) % 2 ? inter + i : i;
+}
+
+void test_mxfp4_values() {
+  int bad = 0;
+  for (int c = 0; c < 16; ++c) {
+    const double v = ref_e2m1(c);
+    bad += double(e2m1_to_float(uint8_t(c))) != v || std::signbit(e2m1_to_float(uint8_t(c))) != bool(c & 8);
+    bad += double(bf16_value(kMxfp4Bf16.v[c])) != v || kMxfp4Bf16.v[c + 16] != kMxfp4Bf16.v[c];
+    bad += ref_f16_value(uint16_t(kMxfp4F16High.v[c] << 8)) != v || std::signbit(bf16_value(kMxfp4Bf16.v[c])) != bool(c & 8);
+    bad += e2m1_from_float(float(v)) != c;  // -0.0 keeps its sign: code 8
+  }
+  // midpoints go to the even code, a quarter away to the nearer; beyond 6 saturates
+  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+  const int even[7] = {0, 2, 2, 4, 4, 6, 6};
+  for (int i = 0; i < 7; ++i) {
+    const double lo = ref_e2m1(i), hi = ref_e2m1(i + 1);
+    bad += e2m1_from_float(mids[i]) != even[i] || e2m1_from_float(-mids[i]) != (8 | even[i]);
+    bad += e2m1_from_float(float(lo + (hi - lo) / 4)) != i || e2m1_from_float(float(hi - (hi - lo) / 4)) != i + 1;
+  }
+  bad += e2m1_from_float(7.99f) != 7 || e2m1_from_float(-100.f) != 15 || e2m1_from_float(-0.1f) != 8;
+  bad += e8m0_to_float(0) != std::ldexp(1.f, -127) || e8m0_to_float(127) != 1.f || e8m0_to_float(254) != std::ldexp(1.f, 127);
+  // the dense packer's exponent: floor(log2 amax) - 2, by repeated halving here
+  for (float amax : {1.f, 0.999f, 6.f, 8.f, 1e-3f, 3e38f, 1e-40f, 0.f}) {
+    int fl = 0;
+    for (double a = amax; a >= 2; a /= 2) ++fl;
+    for (double a = amax; a > 0 && a < 1; a *= 2) --fl;
+    bad += e8m0_for_amax(amax) != (amax == 0.f ? 127 : std::max(0, fl - 2 + 127));
+  }
+  CHECK(bad == 0, strf("mxfp4: e2m1 of all 16 codes and the bf16 / fp16 decode tables = the fields' values, nearest "
+                       "e2m1 ties to even and saturates, E8M0 2^(e-127) incl. 2^-127, the dense exponent (bad %d)", bad));
+}
+
+void test_mxfp4_pack(MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
+  const std::string name = strf("mxfp4 pack %s n=%lld k=%lld group=%lld", role_name(role), (long long)n,
+                                (long long)k, (long long)group);
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, role, n, k, group);
+  const int64_t g = group ? group : 32, kp = round_up(k, g), ng = kp / g;
+  const int64_t np = role == MatrixRole::kGateUp ? 2 * round_up(n / 2, 16) : round_up(n, 16);
+  const int64_t data_end = round_up(64 + np * kp / 2, 64);
+  CHECK(h.format == 5 && h.np == np && h.kp == kp && h.group == g && h.scale_offset == data_end &&
+            h.total_bytes == round_up(data_end + np * ng, 64),
+        name + strf(": header (np=%d kp=%d group=%d total=%lld)", h.np, h.kp, h.group, (long long)h.total_bytes));
+  const Mxfp4Matrix d = random_mxfp4(h, 0, 254, rng);
+  const AlignedBytes a = pack(h, d, 0xAA), b = pack(h, d, 0x55);
+  std::vector<uint8_t> touched(size_t(h.total_bytes), 0);
+  std::fill(touched.begin(), touched.begin() + 64, 1);
+  int64_t bad = 0;
+  for (int64_t pr = 0; pr < np; ++pr) {
+    const int64_t r = dense_of(h, pr);
+    for (int64_t c = 0; c < kp; ++c) {
+      const int64_t off = 64 + (pr / 16) * (kp * 8) + (c / 4) * 32 + (pr % 16) * 2 + (c % 2);
+      const int code = (c / 2) % 2 ? a.get()[off] >> 4 : a.get()[off] & 15;
+      bad += code != (r >= 0 && c < k ? d.q[size_t(r * k + c)] : 0);
+      touched[size_t(off)] = 1;
+    }
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t off = h.scale_offset + ((pr / 16) * ng + G) * 16 + pr % 16;
+      bad += a.get()[off] != (r >= 0 ? d.e[size_t(r * ng + G)] : 0);
+      touched[size_t(off)] = 1;
+    }
+  }
+  for (int64_t i = 0; i < h.total_bytes; ++i) bad += !touched[size_t(i)] && a.get()[i] != 0;
+  // dense weights: the packer's codes and exponents are OCP MX's, computed here in double
+  std::vector<float> w(size_t(n * k));
+  for (auto& x : w) x = float(rng.gauss() * std::ldexp(1.0, int(rng.below(20)) - 10));
+  w[0] = 0.f;
+  std::vector<const float*> wrows;
+  Mxfp4Matrix q;
+  q.q.resize(size_t(n * k));
+  q.e.resize(size_t(n * ng));
+  for (int64_t r = 0; r < n; ++r) {
+    wrows.push_back(w.data() + r * k);
+    for (int64_t G = 0; G < ng; ++G) {
+      double amax = 0;
+      for (int64_t c = G * g; c < std::min(k, (G + 1) * g); ++c) amax = std::max(amax, std::fabs(double(w[size_t(r * k + c)])));
+      const int e = amax > 0 ? std::max(0, int(std::floor(std::log2(amax))) - 2 + 127) : 127;
+      q.e[size_t(r * ng + G)] = uint8_t(e);
+      for (int64_t c = G * g; c < std::min(k, (G + 1) * g); ++c) {
+        const double x = std::ldexp(double(w[size_t(r * k + c)]), 127 - e);
+        int best = 0;  // nearest magnitude, the even code on ties
+        for (int m = 1; m < 8; ++m) {
+          const double dm = std::fabs(std::fabs(x) - ref_e2m1(m)), db = std::fabs(std::fabs(x) - ref_e2m1(best));
+          if (dm < db || (dm == db && m % 2 == 0)) best = m;
+        }
+        q.q[size_t(r * k + c)] = uint8_t((std::signbit(x) ? 8 : 0) | best);
+      }
+    }
+    q.rows.push_back(q.q.data() + r * k), q.erows.push_back(q.e.data() + r * ng);
+  }
+  AlignedBytes dense(size_t(h.total_bytes), 0x77);
+  pack_matrix(h, wrows.data(), dense.get());
+  const AlignedBytes want = pack(h, q, 0);
+  CHECK(bad == 0 && std::memcmp(a.get(), b.get(), a.n) == 0 && std::memcmp(dense.get(), want.get(), a.n) == 0,
+        name + strf(": codes and E8M0 bytes at their offsets, padding and gaps 0, deterministic (bad %lld); dense "
+                    "weights packed as OCP MX rounds them: %s", (long long)bad,
+                    std::memcmp(dense.get(), want.get(), a.n) == 0 ? "same bytes" : "DIFFER"));
+}
+
+// Packs a 32 x 64 kGateUp matrix of code 2 (1.0) with code 17 at (21, 7) or e = 0xff at (9, 1);
+// returns the domain_error's text ("" if none) and whether out is untouched.
+std::pair<std::string, bool> pack_refused(uint8_t code_21_7, uint8_t e_9_1) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, MatrixRole::kGateUp, 32, 64, 0);
+  std::vector<uint8_t> q(32 * 64, 2), e(32 * 2, 127);
+  q[21 * 64 + 7] = code_21_7;
+  e[9 * 2 + 1] = e_9_1;
+  std::vector<const uint8_t*> rows, erows;
+  for (int r = 0; r < 32; ++r) rows.push_back(q.data() + r * 64), erows.push_back(e.data() + r * 2);
+  AlignedBytes out(size_t(h.total_bytes), 0xAB);
+  std::string what;
+  try {
+    mxfp4_pack_matrix(h, rows.data(), erows.data(), 4, out.get());
+  } catch (const std::domain_error& err) {
+    what = err.what();
+  }
+  return {what, out.get()[0] == 0xAB};
+}
+
+void test_mxfp4_pack_errors() {
+  const auto [code, untouched1] = pack_refused(17, 127);
+  const auto [nan, untouched2] = pack_refused(2, 0xFF);
+  CHECK(code.find("expert 4: row 21, column 7") != std::string::npos && untouched1 &&
+            nan.find("expert 4: row 9") != std::string::npos && nan.find("NaN") != std::string::npos && untouched2 &&
+            pack_refused(15, 254).first.empty() && pack_refused(8, 0).first.empty(),
+        strf("mxfp4 pack: code 17 ('%s') and the E8M0 NaN 0xff ('%s') refused before anything is written; "
+             "codes 8 / 15 and e = 0 / 254 accepted", code.c_str(), nan.c_str()));
+}
+
+// c = gemm(rows a [m, lda]) over blocks [b0, b1), ldc = 16 * (b1 - b0).
+std::vector<float> run(const IsaKernels& isa, const uint8_t* blob, const uint16_t* a, int64_t lda, int64_t m,
+                       int64_t b0, int64_t b1) {
+  std::vector<float> c(size_t(m * 16 * (b1 - b0)), f32_from_bits(0x7FC12345u));
+  isa.gemm_mxfp4(reinterpret_cast<const PackedMatrixHeader*>(blob), a, lda, m, b0, b1, c.data(), 16 * (b1 - b0));
+  return c;
+}
+
+// Column j of a 16 x 256 matrix holds code (c + j) % 16 at input c and E8M0 byte kEdge[(G + j) % 7] in
+// group G: one-hot rows give every code times every edge scale, which must be exact (ldexp).
+void test_mxfp4_gemm_edges(const IsaKernels& isa) {
+  static const uint8_t kEdge[7] = {0, 1, 100, 126, 127, 128, 254};
+  const int64_t k = 256;
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, MatrixRole::kPlain, 16, k, 32);
+  Mxfp4Matrix d;
+  d.q.resize(16 * k), d.e.resize(16 * 8);
+  for (int64_t j = 0; j < 16; ++j) {
+    for (int64_t c = 0; c < k; ++c) d.q[size_t(j * k + c)] = uint8_t((c + j) % 16);
+    for (int64_t G = 0; G < 8; ++G) d.e[size_t(j * 8 + G)] = kEdge[(G + j) % 7];
+    d.rows.push_back(d.q.data() + j * k), d.erows.push_back(d.e.data() + j * 8);
+  }
+  const AlignedBytes blob = pack(h, d, 0);
+  std::vector<uint16_t> a(size_t(k * k), 0);
+  for (int64_t r = 0; r < k; ++r) a[size_t(r * k + r)] = 0x3F80;  // 1.0
+  int64_t bad = 0;
+  for (int64_t m : {k, int64_t(8), int64_t(1)})
+    for (int64_t r0 = 0; r0 < k; r0 += m) {
+      const std::vector<float> c = run(isa, blob.get(), a.data() + r0 * k, k, m, 0, 1);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < 16; ++j) {
+          const int64_t kk = r0 + r;
+          const float want = std::ldexp(e2m1_to_float(d.q[size_t(j * k + kk)]), int(d.e[size_t(j * 8 + kk / 32)]) - 127);
+          bad += f32_bits(c[size_t(r * 16 + j)]) != f32_bits(want) && !(want == 0.f && c[size_t(r * 16 + j)] == 0.f);
+        }
+    }
+  CHECK(bad == 0, strf("gemm_mxfp4 [%s]: every code (±0, 0.5, ±6) x E8M0 0, 1, 100, 126, 127, 128, 254 exactly "
+                       "(one-hot rows, M = 256, 8, 1; bad %lld)", isa.name, (long long)bad));
+}
+
+void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRole role, int64_t n, int64_t k,
+                     int64_t group, Rng& rng) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, role, n, k, group);
+  const int64_t kp = h.kp, np = h.np, nb = np / 16, ng = kp / h.group;
+  const Mxfp4Matrix d = random_mxfp4(h, 117, 137, rng);
+  const AlignedBytes blob = pack(h, d, 0);
+  double worst = 0;
+  bool same = true, splits = true, rows_alone = true;
+  const int64_t lda = kp + 16;
+  for (int64_t m : {1, 2, 5, 8, 9, 33}) {  // avx512: decode tiles up to 8 rows, then the prefill
+    std::vector<uint16_t> a(size_t(m * lda), 0);  // N(0, 1) bf16 rows, zero past k
+    for (int64_t i = 0; i < m * k; ++i) a[size_t(i / k * lda + i % k)] = ref_bf16(float(rng.gauss()));
+    const std::vector<float> full = run(isa, blob.get(), a.data(), lda, m, 0, nb);
+    const std::vector<float> gen = run(generic, blob.get(), a.data(), lda, m, 0, nb);
+    same = same && std::memcmp(full.data(), gen.data(), full.size() * 4) == 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t pr = 0; pr < np; ++pr) {
+        const int64_t dr = dense_of(h, pr);
+        double sum = 0, mag = 0;
+        for (int64_t c = 0; dr >= 0 && c < k; ++c) {
+          const double t = double(bf16_value(a[size_t(r * lda + c)])) * ref_e2m1(d.q[size_t(dr * k + c)]) *
+                           std::ldexp(1.0, d.e[size_t(dr * ng + c / h.group)] - 127);
+          sum += t, mag += std::fabs(t);
+        }
+        const double err = std::fabs(double(full[size_t(r * np + pr)]) - sum);
+        worst = std::max(worst, std::isfinite(err) ? err / ((2.0 * kp + 8) * 0x1.0p-24 * mag + 1e-30) : 1e30);
+      }
+    for (int64_t b = 0; b < nb; ++b) {  // one call per block, then one row at a time: the same bits
+      const std::vector<float> c = run(isa, blob.get(), a.data(), lda, m, b, b + 1);
+      for (int64_t r = 0; r < m; ++r) splits = splits && !std::memcmp(&c[size_t(r * 16)], &full[size_t(r * np + 16 * b)], 64);
+    }
+    for (int64_t r = 0; r < m && m > 1; ++r)
+      rows_alone = rows_alone && !std::memcmp(run(isa, blob.get(), a.data() + r * lda, lda, 1, 0, nb).data(),
+                                              &full[size_t(r * np)], size_t(np) * 4);
+  }
+  const bool must_match = std::string(isa.name) != "avx512" && std::string(isa.name) != "amx";  // vdpbf16ps' order
+  CHECK(worst <= 1.0 && splits && rows_alone && (same || !must_match),
+        strf("gemm_mxfp4 [%s] %s n=%lld k=%lld group=%d M={1,2,5,8,9,33}: max err/tol %.3f vs the dequantized "
+             "reference, block splits %s, rows alone %s, %s generic's bits", isa.name, role_name(role), (long long)n,
+             (long long)k, h.group, worst, splits ? "bit-identical" : "DIFFER", rows_alone ? "bit-identical" : "DIFFER",
+             same ? "=" : must_match ? "DIFFERS FROM" : "within tolerance of"));
+}
+
+}  // namespace
+
+void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
+  // (role, n, k, group; 0: the MX block 32): partial blocks of columns and groups, every role
+  const std::tuple<MatrixRole, int64_t, int64_t, int64_t> shapes[] = {
+      {MatrixRole::kPlain, 40, 72, 0},     {MatrixRole::kGateUp, 74, 96, 32}, {MatrixRole::kDown, 33, 200, 0},
+      {MatrixRole::kGateUp, 40, 300, 64},  {MatrixRole::kPlain, 130, 288, 32}, {MatrixRole::kDown, 48, 520, 128},
+      {MatrixRole::kGateUp, 32, 32, 0}};
+  test_mxfp4_values();
+  for (const auto& [role, n, k, group] : shapes) test_mxfp4_pack(role, n, k, group, rng);
+  test_mxfp4_pack_errors();
+  for (const Isa& isa : isas) {
+    test_mxfp4_gemm_edges(*isa.k);
+    for (const auto& [role, n, k, group] : shapes) test_mxfp4_gemm(*isa.k, *isas.front().k, role, n, k, group, rng);
+  }
+}
+
+}  // namespace ktmoe_test
