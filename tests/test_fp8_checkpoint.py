@@ -23,7 +23,7 @@ def _dequantized_copy(fp8_dir, dst):
     """The FP8 checkpoint with every weight dequantized to fp32 and no quantization_config (the reference)."""
     os.makedirs(dst)
     t = load_file(os.path.join(fp8_dir, "model.safetensors"))
-    out = {k: (dequantize_blocks(v, t[k + "_scale_inv"]) if v.dtype == torch.float8_e4m3fn else v)
+    out = {k: (dequantize_blocks(v, t[k + "_scale_inv"].float()) if v.dtype == torch.float8_e4m3fn else v)
            for k, v in t.items() if not k.endswith("_scale_inv")}
     save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(fp8_dir, "config.json")) as f:
@@ -90,20 +90,27 @@ def fp8_qwen3(tmp_path_factory):
     return fp8_checkpoint(tmp / "src", tmp / "fp8")
 
 
-def _with_o_proj(src, dst, **tensors):
-    """A copy of the FP8 checkpoint ``src`` with o_proj's ``weight`` / ``weight_scale_inv`` replaced (None: removed)."""
+def _copy_with(src, dst, change):
+    """A copy of the checkpoint ``src`` with its tensors ``t`` replaced by ``change(t)``."""
     os.makedirs(dst)
     for name in os.listdir(src):
         if name != "model.safetensors":
             with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
                 g.write(f.read())
-    t = load_file(os.path.join(src, "model.safetensors"))
-    for suffix, value in tensors.items():
-        t.pop(f"{O_PROJ}.{suffix}")
-        if value is not None:
-            t[f"{O_PROJ}.{suffix}"] = value
+    t = change(load_file(os.path.join(src, "model.safetensors")))
     save_file(t, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def _with_o_proj(src, dst, **tensors):
+    """A copy of the FP8 checkpoint ``src`` with o_proj's ``weight`` / ``weight_scale_inv`` replaced (None: removed)."""
+    def change(t):
+        for suffix, value in tensors.items():
+            t.pop(f"{O_PROJ}.{suffix}")
+            if value is not None:
+                t[f"{O_PROJ}.{suffix}"] = value
+        return t
+    return _copy_with(src, dst, change)
 
 
 def _with_nan_code(q):
@@ -118,6 +125,8 @@ def _with_nan_code(q):
     pytest.param("integer scale", rf"{O_PROJ}\.weight_scale_inv: dtype I32, expected a float scale", id="int"),
     pytest.param("e5m2 weight", rf"{O_PROJ}\.weight: dtype F8_E5M2 .* expected FP8 as e4m3", id="e5m2"),
     pytest.param("NaN code", rf"{O_PROJ}\.weight: non-finite weights once dequantized", id="nan-code"),
+    pytest.param("NaN UE8M0 scale", rf"{O_PROJ}\.weight_scale_inv: E8M0 scale byte 0xFF \(NaN\) at \[0, 0\]",
+                 id="nan-e8m0"),
 ])
 def test_fp8_non_expert_weight_is_checked_like_an_expert(fp8_qwen3, tmp_path, case, match):
     """An FP8 o_proj without a usable scale, or in e5m2, is refused by name, as an expert's would be (it
@@ -132,10 +141,44 @@ def test_fp8_non_expert_weight_is_checked_like_an_expert(fp8_qwen3, tmp_path, ca
         "integer scale": {"weight_scale_inv": torch.ones(scale.shape, dtype=torch.int32)},
         "e5m2 weight": {"weight": weight.float().to(torch.float8_e5m2)},
         "NaN code": {"weight": _with_nan_code(weight)},
+        "NaN UE8M0 scale": {"weight_scale_inv": torch.full(scale.shape, 0xFF, dtype=torch.uint8).view(
+            torch.float8_e8m0fnu)},
     }[case]
     path = _with_o_proj(fp8_qwen3, tmp_path / "ckpt", **changed)
     with pytest.raises(ValueError, match=match):
         kthf.from_pretrained(path, dtype=torch.float32, progress=False)
+
+
+def _ue8m0(t, dtype):
+    """Every scale of the FP8 checkpoint's tensors ``t`` rounded up to a power of two (DeepSeek-V3.2 / V4's
+    ``scale_fmt="ue8m0"``), stored in ``dtype`` (float8_e8m0fnu, or fp32 powers of two)."""
+    return {k: torch.exp2(torch.ceil(torch.log2(v))).to(dtype) if k.endswith("_scale_inv") else v for k, v in t.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e8m0fnu, torch.float32], ids=["e8m0", "fp32"])
+def test_ue8m0_scales_read_exactly(fp8_qwen3, tmp_path, dtype):
+    """UE8M0 scales (float8_e8m0fnu, or fp32 powers of two), on the experts and the other linears: the experts are
+    packed into fp8 with the scales' exact values, o_proj is dequantized with them, and the model generates the
+    tokens of transformers on the dequantized weights."""
+    from transformers import AutoModelForCausalLM
+    import torch_ktmoe.hf as kthf
+    from torch_ktmoe.unpack import unpack_experts
+
+    path = _copy_with(fp8_qwen3, tmp_path / "ue8m0", lambda t: _ue8m0(t, dtype))
+    t = load_file(os.path.join(path, "model.safetensors"))
+    assert t[f"{O_PROJ}.weight_scale_inv"].dtype == dtype
+    deq = lambda key: dequantize_blocks(t[key + ".weight"], t[key + ".weight_scale_inv"].float())
+    ref = AutoModelForCausalLM.from_pretrained(_dequantized_copy(path, tmp_path / "deq"), dtype=torch.float32).eval()
+    model = kthf.from_pretrained(path, dtype=torch.float32, progress=False)
+    assert torch.equal(model.get_parameter(f"{O_PROJ}.weight"), deq(O_PROJ))
+    block = model.model.layers[0].mlp.experts
+    assert block.ktmoe.weight_format == "fp8"
+    gate_up, down, _ = unpack_experts(block.ktmoe.packed_tensors())
+    experts = "model.layers.0.mlp.experts"
+    for e in range(gate_up.shape[0]):
+        assert torch.equal(gate_up[e], torch.cat([deq(f"{experts}.{e}.gate_proj"), deq(f"{experts}.{e}.up_proj")]))
+        assert torch.equal(down[e], deq(f"{experts}.{e}.down_proj"))
+    assert torch.equal(greedy(model), greedy(ref))
 
 
 E, H, I, L = 6, 256, 160, 2

@@ -1,7 +1,9 @@
 """FP8 (e4m3) expert checkpoints: DeepSeek-V3 / R1, Qwen3-*-FP8, GLM-4.5-FP8 and per-channel FP8.
 
-Per expert, ``<prefix>.<e>.{gate,up,down}_proj.weight`` (float8_e4m3fn, [n, k]) with its fp32
-scale, ``weight_scale_inv`` (the name DeepSeek-V3 gives it) or ``weight_scale``:
+Per expert, ``<prefix>.<e>.{gate,up,down}_proj.weight`` (float8_e4m3fn, [n, k]) with its scale,
+``weight_scale_inv`` (the name DeepSeek-V3 gives it), ``weight_scale`` or ``scale`` (DeepSeek-V4's original
+names), in fp32 / bf16 / fp16 or as UE8M0 powers of two (``scale_fmt="ue8m0"``, DeepSeek-V3.2 / V4:
+float8_e8m0fnu, read exactly as 2^(e - 127); the NaN code 0xFF is refused):
 
 * block scales [ceil(n/128), ceil(k/128)] (``quantization_config.weight_block_size = [128, 128]``),
 * or one scale per output row, [n] or [n, 1] (sglang's ``--kt-method FP8_PERCHANNEL``);
@@ -19,11 +21,15 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
+from ..unpack import e8m0_values
 from .dense import PER_EXPERT_LAYOUTS
 from .fused_layout import CONCATENATED, FusedLayout
+from .mxfp4 import e8m0_bytes
 
 BLOCK = 128  # DeepSeek-V3's weight_block_size, the only block size its scales' shape identifies
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
+WEIGHT_SCALE_SUFFIXES = SCALE_SUFFIXES + ("scale",)  # what a weight's scale may be called: DeepSeek-V4's ``w1.scale``
+SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0")  # float scales, or UE8M0 powers of two
 FP8_DTYPE = "F8_E4M3"  # safetensors' name of float8_e4m3fn
 
 
@@ -61,30 +67,41 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Te
     return q.float() * scale.repeat_interleave(group, -1)[:, : q.shape[-1]]
 
 
+def weight_scale_key(ckpt, key: str, what: str, dtypes=SCALE_DTYPES) -> str:
+    """The scale tensor of the quantized weight ``key`` (``what``: its encoding, for the errors), the first of
+    :data:`WEIGHT_SCALE_SUFFIXES` beside it; ValueError naming the tensor when there is none or its dtype is
+    not in ``dtypes``."""
+    base = key[: -len("weight")]
+    scale_key = next((base + s for s in WEIGHT_SCALE_SUFFIXES if base + s in ckpt), None)
+    if scale_key is None:
+        raise ValueError(f"{key}: {what} weight without its scale (looked for "
+                         f"{[base + s for s in WEIGHT_SCALE_SUFFIXES]}) in {ckpt.path}; without it the "
+                         "weights would be off by the scale's factor")
+    if ckpt.dtype(scale_key) not in dtypes:
+        raise ValueError(f"{scale_key}: dtype {ckpt.dtype(scale_key)}, expected a float scale or UE8M0 "
+                         f"powers of two ({', '.join(dtypes)})")
+    return scale_key
+
+
 def fp8_scale_key(ckpt, key: str, mixed: str = "") -> str:
     """The scale tensor of the FP8 weight ``key``, after checking both: ValueError naming the tensor unless
     ``key`` is e4m3 (``mixed``: why another dtype is wrong here, e.g. the rest of its block is FP8) and its
-    ``weight_scale_inv`` / ``weight_scale`` exists with a float dtype."""
+    scale (:func:`weight_scale_key`) exists with a float or E8M0 dtype."""
     dtype = ckpt.dtype(key)
     if dtype != FP8_DTYPE:
         raise ValueError(f"{key}: dtype {dtype} in {ckpt.path}, "
                          f"{mixed or f'expected FP8 as e4m3 ({FP8_DTYPE}) with its scale, the only FP8 read'}")
-    base = key[: -len("weight")]
-    scale_key = next((base + s for s in SCALE_SUFFIXES if base + s in ckpt), None)
-    if scale_key is None:
-        raise ValueError(f"{key}: FP8 ({FP8_DTYPE}) weight without its scale (looked for "
-                         f"{[base + s for s in SCALE_SUFFIXES]}) in {ckpt.path}; without it the "
-                         "weights would be off by the scale's factor")
-    if ckpt.dtype(scale_key) not in ("F32", "BF16", "F16"):
-        raise ValueError(f"{scale_key}: dtype {ckpt.dtype(scale_key)}, expected a float scale")
-    return scale_key
+    return weight_scale_key(ckpt, key, f"FP8 ({FP8_DTYPE})")
 
 
 def read_fp8_scales(ckpt, scale_key: str, n: int, k: int, group: int) -> torch.Tensor:
     """The checked scale ``scale_key`` of an FP8 weight [n, k] as fp32 scales per (row, k-group),
-    [n, ceil(k/group)]; ValueError naming it for a shape that fits no block or a non-finite value."""
+    [n, ceil(k/group)]; ValueError naming it for a shape that fits no block or a non-finite value (a UE8M0
+    scale: its NaN code 0xFF)."""
     block = scale_block(ckpt.shape(scale_key), n, k, scale_key)
     scale = ckpt.get(scale_key)
+    if scale.dtype == torch.float8_e8m0fnu:
+        scale = e8m0_values(e8m0_bytes(scale, scale_key))  # 2^(e - 127), exactly
     bad = scale[~torch.isfinite(scale)]
     if bad.numel():
         raise ValueError(f"{scale_key}: non-finite scale ({bad[0].item()}) in {ckpt.path}; every weight of its "

@@ -15,6 +15,8 @@ import torch
 
 from .fused_layout import CONCATENATED, FusedLayout
 
+E8M0_DTYPES = ("F8_E8M0", "U8")  # safetensors' names of E8M0 scale bytes (float8_e8m0fnu, or raw uint8)
+E8M0_NAN = 0xFF
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
@@ -22,6 +24,26 @@ def split_nibbles(blocks: torch.Tensor) -> torch.Tensor:
     """blocks [..., G, 16] uint8 -> the e2m1 codes [..., G * 32], one per byte (the low nibble first), as
     :func:`torch_ktmoe.ops.pack_mxfp4_experts` takes them."""
     return torch.stack([blocks & 0x0F, blocks >> 4], -1).flatten(-3)
+
+
+def e8m0_bytes(scale: torch.Tensor, key: str) -> torch.Tensor:
+    """A checkpoint's E8M0 scales as their exponent bytes e (uint8, the value 2^(e - 127)): float8_e8m0fnu or uint8
+    as they are, a float tensor of powers of two exactly; ValueError naming ``key`` for the NaN code 0xFF or a float
+    that is no power of two in [2^-127, 2^127]."""
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        e = scale.view(torch.uint8)
+    else:
+        mantissa, exponent = torch.frexp(scale.float())  # scale = mantissa * 2^exponent, mantissa in [0.5, 1)
+        bad = (mantissa != 0.5) | (exponent < -126) | (exponent > 128)
+        if bad.any():
+            raise ValueError(f"{key}: scale {scale[bad][0].item()} at {bad.nonzero()[0].tolist()} is not a power of "
+                             "two in [2^-127, 2^127]; an E8M0 (ue8m0) scale must be one")
+        e = (exponent + 126).to(torch.uint8)
+    nan = e == E8M0_NAN
+    if nan.any():
+        raise ValueError(f"{key}: E8M0 scale byte 0xFF (NaN) at {nan.nonzero()[0].tolist()}; every weight of its "
+                         "group would be NaN")
+    return e
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
