@@ -5,7 +5,7 @@
 * :mod:`.safetensors_dir` -- :class:`SafetensorsCheckpoint`, a directory of shards read a tensor or a row at a time;
 * :mod:`.fused_layout` -- :class:`FusedLayout`, the row order of fused ``gate_up`` / ``down`` tensors;
 * one module per reader kind: :mod:`.dense` (fused tensors, :data:`PER_EXPERT_LAYOUTS`),
-  :mod:`.mxfp4` (gpt-oss), :mod:`.fp8` (FP8 blocks or rows), :mod:`.compressed_tensors` (pack-quantized int4)
+  :mod:`.mxfp4` (gpt-oss), :mod:`.fp8` (FP8 blocks or rows), :mod:`.fp4` (DeepSeek-V4's FP4), :mod:`.compressed_tensors` (pack-quantized int4)
   and :mod:`.gptq` (GPTQ / AWQ int4) over :mod:`.int4_linear`; :mod:`.experts` -- :func:`find_experts` picks
   one (:data:`READERS`); :mod:`.int4_config` checks an int4 checkpoint's quantization_config;
 * :mod:`.fingerprint` -- :func:`checkpoint_fingerprint`, what a checkpoint's packed cache files are checked against;
@@ -18,6 +18,7 @@ from .compressed_tensors import CompressedTensorsExperts, read_pack_quantized
 from .dense import PER_EXPERT_LAYOUTS, FusedExperts, PerExpertTensors
 from .experts import MOE_BLOCK_NAMES, READERS, find_experts
 from .fingerprint import checkpoint_fingerprint
+from .fp4 import Fp4Experts
 from .fp8 import Fp8Experts, dequantize_fp8, group_scales
 from .fused_layout import CONCATENATED, FusedLayout
 from .gptq import GptqExperts, read_gptq
@@ -30,7 +31,7 @@ from .safetensors_dir import SafetensorsCheckpoint
 
 __all__ = [
     "SafetensorsCheckpoint", "FusedLayout", "CONCATENATED", "PER_EXPERT_LAYOUTS", "FusedExperts", "PerExpertTensors",
-    "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "Fp8Experts", "dequantize_fp8", "group_scales", "READERS",
+    "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4", "Fp8Experts", "Fp4Experts", "dequantize_fp8", "group_scales", "READERS",
     "MOE_BLOCK_NAMES",
     "find_experts", "checkpoint_fingerprint", "make_ktmoe", "as_kernel_input", "load_experts", "reader_experts",
     "utf8_path", "Int4Linear", "Int4Experts", "CompressedTensorsExperts", "read_pack_quantized", "GptqExperts",

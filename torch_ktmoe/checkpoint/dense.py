@@ -32,8 +32,8 @@ def expect_dense(ckpt: SafetensorsCheckpoint, key: str) -> None:
     if dtype not in DENSE_DTYPES:
         raise ValueError(
             f"{key}: expert weight of dtype {dtype} in {ckpt.path}; torch_ktmoe reads fp32 / bf16 / fp16 experts, "
-            f"FP8 (F8_E4M3 with its weight_scale_inv / weight_scale) and gpt-oss MXFP4, and refuses anything "
-            f"else rather than read codes as numbers; companion tensors found: {companions(ckpt, key) or 'none'}")
+            f"FP8 (F8_E4M3 with its weight_scale_inv / weight_scale), gpt-oss MXFP4 and DeepSeek-V4 FP4 (I8 with "
+            f"its UE8M0 scale), and refuses anything else rather than read codes as numbers; companion tensors found: {companions(ckpt, key) or 'none'}")
 
 
 # (gate, up, down) key suffixes under "<prefix>.<expert>."
@@ -41,6 +41,22 @@ PER_EXPERT_LAYOUTS = (
     ("gate_proj.weight", "up_proj.weight", "down_proj.weight"),  # Qwen2/3-MoE, OLMoE, DeepSeek-V3
     ("w1.weight", "w3.weight", "w2.weight"),  # Mixtral
 )
+
+
+def per_expert_probe_keys(prefix: str, tensor: str = "weight") -> list[str]:
+    """Per suffix triple of :data:`PER_EXPERT_LAYOUTS`, expert 0's gate ``tensor`` (``weight``, or a companion
+    such as ``weight_scale_inv``) under ``prefix``: what a per-expert reader looks for."""
+    return [f"{prefix}.0.{s[0][: -len('weight')]}{tensor}" for s in PER_EXPERT_LAYOUTS]
+
+
+def per_expert_suffixes(ckpt: SafetensorsCheckpoint, prefix: str, dtypes=None) -> Optional[tuple[str, str, str]]:
+    """The first suffix triple of :data:`PER_EXPERT_LAYOUTS` whose expert 0 gate weight is under ``prefix``
+    (with a safetensors dtype in ``dtypes``, None: any), else None."""
+    for suffixes in PER_EXPERT_LAYOUTS:
+        key = f"{prefix}.0.{suffixes[0]}"
+        if key in ckpt and (dtypes is None or ckpt.dtype(key) in dtypes):
+            return suffixes
+    return None
 
 
 class FusedExperts:
@@ -89,17 +105,13 @@ class PerExpertTensors:
     """``<prefix>.<e>.gate_proj.weight`` [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I], or another
     suffix triple of :data:`PER_EXPERT_LAYOUTS` (Mixtral's ``w1`` / ``w3`` / ``w2``)."""
 
-    @staticmethod
-    def probe_keys(prefix: str) -> list[str]:
-        return [f"{prefix}.0.{suffixes[0]}" for suffixes in PER_EXPERT_LAYOUTS]
+    probe_keys = staticmethod(per_expert_probe_keys)
 
     @classmethod
     def find(cls, ckpt: SafetensorsCheckpoint, prefix: str, hidden_size: int, intermediate_size: int,
              num_experts: Optional[int] = None, layout: FusedLayout = CONCATENATED) -> Optional["PerExpertTensors"]:
-        for suffixes in PER_EXPERT_LAYOUTS:
-            if f"{prefix}.0.{suffixes[0]}" in ckpt:
-                return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
-        return None
+        suffixes = per_expert_suffixes(ckpt, prefix)
+        return None if suffixes is None else cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
 
     def __init__(self, ckpt, prefix: str, suffixes: tuple[str, str, str], hidden_size: int, intermediate_size: int):
         self.ckpt, self.prefix, self.suffixes = ckpt, prefix, suffixes

@@ -1,6 +1,6 @@
 """Find one experts block in a checkpoint: the first reader kind whose keys are there, at the first prefix.
 
-Every reader kind has one module (``dense``, ``mxfp4``, ``fp8``, ``compressed_tensors``, ``gptq``) and one class
+Every reader kind has one module (``dense``, ``mxfp4``, ``fp8``, ``fp4``, ``compressed_tensors``, ``gptq``) and one class
 with the same three members:
 
 * ``probe_keys(prefix)`` -- the keys it looks for (named in the error when nothing is found);
@@ -16,13 +16,14 @@ from typing import Iterable, Optional
 
 from .dense import FusedExperts, PerExpertTensors
 from .compressed_tensors import CompressedTensorsExperts
+from .fp4 import Fp4Experts
 from .fp8 import Fp8Experts
 from .fused_layout import CONCATENATED, FusedLayout
 from .gptq import GptqExperts
 from .mxfp4 import Mxfp4Experts
 from .safetensors_dir import SafetensorsCheckpoint
 
-READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, CompressedTensorsExperts, GptqExperts,
+READERS = (FusedExperts, Mxfp4Experts, Fp8Experts, Fp4Experts, CompressedTensorsExperts, GptqExperts,
            PerExpertTensors)  # tried in this order at each prefix
 # What checkpoints call an MoE block whose module is ``mlp``: Mixtral's ``block_sparse_moe``, DeepSeek-V4's
 # original ``ffn`` (its save_pretrained writes ``layers.{L}.ffn.experts.{e}.w1.weight``).

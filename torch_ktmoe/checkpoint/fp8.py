@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 
 from ..unpack import e8m0_values
-from .dense import PER_EXPERT_LAYOUTS
+from .dense import per_expert_probe_keys, per_expert_suffixes
 from .fused_layout import CONCATENATED, FusedLayout
 from .mxfp4 import e8m0_bytes
 
@@ -116,16 +116,13 @@ class Fp8Experts:
 
     @staticmethod
     def probe_keys(prefix: str) -> list[str]:
-        return [f"{prefix}.0.{s[0][:-len('weight')]}{SCALE_SUFFIXES[0]}" for s in PER_EXPERT_LAYOUTS]
+        return per_expert_probe_keys(prefix, SCALE_SUFFIXES[0])
 
     @classmethod
     def find(cls, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int] = None,
              layout: FusedLayout = CONCATENATED) -> Optional["Fp8Experts"]:
-        for suffixes in PER_EXPERT_LAYOUTS:
-            key = f"{prefix}.0.{suffixes[0]}"
-            if key in ckpt and ckpt.dtype(key) == FP8_DTYPE:
-                return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
-        return None
+        suffixes = per_expert_suffixes(ckpt, prefix, (FP8_DTYPE,))
+        return None if suffixes is None else cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
 
     def __init__(self, ckpt, prefix: str, suffixes: tuple[str, str, str], hidden_size: int, intermediate_size: int):
         H, I = hidden_size, intermediate_size
