@@ -265,7 +265,9 @@ def from_pretrained(
     dequantized into another format; its other int4 linears are dequantized into the model's
     weights (:mod:`.int4_dense`). An MXFP4 checkpoint (gpt-oss ``_blocks`` / ``_scales``) is
     dequantized into ``bf16`` by default (the same values), or with ``weight_format="mxfp4"`` streams its
-    e2m1 codes and E8M0 scales as they are. Other ``quant_method`` values are refused by name.
+    e2m1 codes and E8M0 scales as they are; so do DeepSeek-V4's FP4 experts (``expert_dtype="fp4"``:
+    :mod:`torch_ktmoe.checkpoint.fp4`). FP8 scales in UE8M0 (``scale_fmt="ue8m0"``) are read exactly.
+    Other ``quant_method`` values are refused by name.
 
     ``cache`` (``"reuse"`` by default with ``mmap_experts_dir``, ``"rebuild"``, ``"off"``):
     the cache fingerprint of a layer is the checkpoint's (its files' names, sizes, mtimes,
