@@ -119,7 +119,7 @@ def test_compile_decode_uses_it():
 def test_models_that_test_for_sdpa_by_name_stay_on_it(model_type):
     """Their sparse indexers fold the selection into the mask only under "eager" / "sdpa": under another name
     it would be passed as indices that neither decode attention nor SDPA reads (wrong logits)."""
-    from tests.test_hf_families import tiny_model
+    from tests.helpers.hf_families import tiny_model
 
     model = tiny_model(model_type)
     report = hf.patch_model(model)

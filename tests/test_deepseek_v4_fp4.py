@@ -17,7 +17,7 @@ from torch_ktmoe.checkpoint import SafetensorsCheckpoint, find_experts  # noqa: 
 from torch_ktmoe.checkpoint.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 from torch_ktmoe.unpack import unpack_experts  # noqa: E402
 from tests.helpers.hf_models import assert_close_logits, greedy, logits  # noqa: E402
-from tests.test_hf_families import assert_same_greedy_up_to_ties, tiny_model  # noqa: E402
+from tests.helpers.hf_families import assert_same_greedy_up_to_ties, tiny_model  # noqa: E402
 
 QUANTIZATION_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
                        "weight_block_size": [128, 128], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
