@@ -44,17 +44,10 @@ class KTMoE(nn.Module):
             Quantized checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on the experts' memory: file-backed slices, and anonymous
             allocations of 2 MiB and more (transparent huge pages: fewer TLB misses while decode streams them).
-        warm: ``"auto"`` (default): with file-backed experts that fit in memory
-            (the check ``prefetch="auto"`` makes, per model directory), the
-            model's one background worker prefaults its layers in load order
-            while the first tokens run, the routed experts of a layer not yet
-            warm being read ahead meanwhile; a load that finds the model no
-            longer fits stops it (read-ahead as ``prefetch="auto"`` then);
-            anonymous experts: nothing (:mod:`torch_ktmoe.model_warm`,
-            :attr:`model_warm`). ``"none"``: experts fault in on first use.
-            ``"blocking"`` or ``"background"``: after loading, prefault the
-            layer's files (see :meth:`warm`) and return when done, or on one
-            background thread per arena.
+        warm: ``"auto"`` (default): file-backed experts that fit in memory (``prefetch="auto"``'s check) are
+            prefaulted by the model's one background worker in load order while the first tokens run (a layer
+            not yet warm reads its routed experts ahead; :mod:`torch_ktmoe.model_warm`); ``"none"``: they fault
+            in on first use; ``"blocking"`` / ``"background"``: :meth:`warm` after loading, waited for or not.
         cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
             experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
             file for the same weights exists, maps it (copy on write) instead of
@@ -78,23 +71,14 @@ class KTMoE(nn.Module):
             ``"swiglu_softcap"`` (docs/formats.md lists their formulas).
         activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``);
             the ones not given take the row's defaults.
-        prefetch: before each forward, ask the kernel to read the routed experts'
-            rows from their files (``MADV_WILLNEED``, asynchronous), so that the
-            cold ones of a model bigger than RAM come from disk together instead
-            of one page fault at a time. ``"auto"`` (default): on when the layer's
-            experts are file-backed and all live arenas' file-backed experts do
-            not fit in RAM (or the memory cgroup) together
-            (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`), asked again
-            at the end of each such layer's load and shared by the layers of one
-            directory (:class:`torch_ktmoe.experts_dir.ExpertsDir`: the last layer of a
-            model loaded decides for the model; another model keeps its own
-            decision); ``True`` / ``False`` force it.
-            Outputs are the same either way.
-        residency: count the routed experts found in RAM or read from disk, the bytes read and the
-            disk rate (:meth:`residency_stats`, :func:`torch_ktmoe.residency_report`; file-backed experts
-            only). ``"auto"`` (default): while the layer reads its routed experts ahead (``prefetching``:
-            they do not fit, or the warm has not reached them), where a forward's reads cost far more than
-            the count (~35 us at decode); ``True`` / ``False``: always / never.
+        prefetch: before each forward, ask the kernel to read the routed experts' rows (``MADV_WILLNEED``), so
+            the cold ones of a model bigger than RAM come from disk together. ``"auto"`` (default): while the
+            file-backed experts of all live arenas do not fit in RAM or the memory cgroup together, as the last
+            layer loaded from the directory found (:class:`torch_ktmoe.experts_dir.ExpertsDir`); ``True`` /
+            ``False`` force it. Outputs are the same either way.
+        residency: count routed experts found in RAM or read from disk (:meth:`residency_stats`,
+            :func:`torch_ktmoe.residency_report`; file-backed experts). ``"auto"``: while :attr:`prefetching`
+            (~35 us a forward at decode); ``True`` / ``False``: always / never.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
     :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
