@@ -40,7 +40,10 @@ class Fp4Experts:
     def find(cls, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int] = None,
              layout: FusedLayout = CONCATENATED) -> Optional["Fp4Experts"]:
         suffixes = per_expert_suffixes(ckpt, prefix, FP4_DTYPES)
-        return None if suffixes is None else cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
+        # two codes a byte: a gate weight [I, H/2]; int8 weights [I, H] are another encoding (refused by dtype later)
+        if suffixes is None or ckpt.shape(f"{prefix}.0.{suffixes[0]}") != [intermediate_size, hidden_size // 2]:
+            return None
+        return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
 
     def __init__(self, ckpt, prefix: str, suffixes: tuple[str, str, str], hidden_size: int, intermediate_size: int):
         H, I = hidden_size, intermediate_size
