@@ -142,7 +142,8 @@ PyArenaClass bind_arena(py::module_& m) {
       const int64_t e = flat.data_ptr<int64_t>()[i];
       if (e < 0) continue;
       TORCH_CHECK(e < experts, "routed_experts_resident: expert id ", e, " >= num_experts ", experts);
-      if (seen[size_t(e)]++) continue;
+      if (seen[size_t(e)]) continue;  // (a flag, not a count: a char count wraps after 256 rows of one expert)
+      seen[size_t(e)] = 1;
       bool resident = true;
       for (size_t t = 0; t < packed.size() && resident; ++t) {
         const int64_t row_bytes = packed[t].size(1);

@@ -92,6 +92,8 @@ def test_routed_experts_resident_checks_its_arguments():
     w = torch.zeros(4, 100, dtype=torch.uint8)
     ids = torch.tensor([[0, 3], [3, -1]])
     assert torch_ktmoe._C.routed_experts_resident([w, w], ids) == (2, 0)  # anonymous memory: resident
+    # each distinct expert once, however many rows route to it (prefill: thousands)
+    assert torch_ktmoe._C.routed_experts_resident([w], torch.zeros(300, 2, dtype=torch.int64)) == (1, 0)
     with pytest.raises(RuntimeError, match="expert id 4 >= num_experts 4"):
         torch_ktmoe._C.routed_experts_resident([w], torch.tensor([[4]]))
     with pytest.raises(RuntimeError, match="contiguous CPU uint8"):

@@ -10,6 +10,8 @@ every page of each routed expert's packed rows is in RAM (``_C.routed_experts_re
 * on a forward with misses, the process's ``read_bytes`` (``/proc/self/io``: what it made the block layer
   read, page faults and read-ahead included) and major faults (``getrusage``) before and after, and the
   forward's wall time: bytes read from disk, faults, and the disk rate achieved while the layer waited.
+  Both are the whole process's: reads by its other threads in that time (the background warm of a model
+  whose warm has not reached the layer yet, a data loader) count too.
 
 A forward whose routed experts are all resident costs that call and nothing else: one ``mincore`` per routed
 expert and packed matrix, a walk over its pages (~35 us per layer at decode on the reference shape, top-8, about

@@ -13,7 +13,7 @@
 //   swiglu_softcap   cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu)                  gate_softcap cg (30), up_softcap cu (30)
 //
 // silu(x) = x / (1 + exp(-x)), sigmoid(x) = 1 / (1 + exp(-x)). Every parameter is finite, limits and
-// softcaps > 0 (activation_error says which is not). The clamps are written so that NaN stays NaN
+// softcaps > 0 (make_activation says which is not). The clamps are written so that NaN stays NaN
 // (as torch.clamp).
 #pragma once
 #include <cstdint>

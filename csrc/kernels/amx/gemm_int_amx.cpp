@@ -1,19 +1,16 @@
-// [NOTE] amx gemm_int8 / gemm_int4: tdpbsud tiles (gemm_amx.h over NativeTileOps) for prefill
-// rows, avx512's vpdpbusd register tiles below prefill_min_rows() (prefill_rows.h).
-// tdpbsud multiplies the signed int8 activations (tile A) by the unsigned weight bytes
-// (tile B): a kINT8 k-quad row of a block (16 columns x 4 u8) is one 64-byte tile row as
-// stored; kINT4 codes are unpacked per block to u = kInt4U8[q] in the same k-quad layout,
-// one 8-row B tile per 32 k (a group is a multiple of 32), so each group's int32 sum comes
-// out of the tiles before its scale is applied. kINT8 with groups (group < kp) runs avx512's
-// kernel: its activations carry a scale per (row, group), and a group of 32 is half of an
-// int8 tile step (64 k), so the tiles would need int4's half steps (an 8-row B tile per 32 k)
-// and an epilogue per group through the C buffer: not worth writing before AMX speed is
-// measured at all.
-// kINT4 runs avx512's kernel too, whatever m: on a 16-core Sapphire Rapids-class Xeon (2026-12-04,
-// benchmarks/measured/device_amx_2026-12-04.log) the tiles took 63 / 153 ms at T = 256 / 512 on the
-// reference layer against avx512's 9.1 / 15.9 ms: a group is one 32-k step, and every step ends in the
-// scalar per-group epilogue over the C tiles, which costs far more than the tile dots. The tile code
-// stays (gemm_int_tiles<TileFormat::kINT4>, tested on the emulator) for a vectorized epilogue.
+// [NOTE] amx gemm_int8 / gemm_int4. Per-channel kINT8 (group = kp) runs tdpbsud tiles (gemm_amx.h over
+// NativeTileOps) for prefill rows, avx512's vpdpbusd register tiles below prefill_min_rows() (prefill_rows.h):
+// tdpbsud multiplies the signed int8 activations (tile A) by the unsigned weight bytes (tile B), and a kINT8
+// k-quad row of a block (16 columns x 4 u8) is one 64-byte tile row as stored.
+// kINT8 with groups (group < kp, the default 32) runs avx512's kernel: its activations carry a scale per
+// (row, group), and a group of 32 is half of an int8 tile step (64 k), so the tiles would need int4's half
+// steps and an epilogue per group through the C buffer.
+// kINT4 runs avx512's kernel whatever m: its tile version (codes unpacked per block to u = kInt4U8[q] in the
+// k-quad layout, one 8-row B tile per 32-k group) took 63 / 153 ms at T = 256 / 512 on the reference layer
+// against avx512's 9.1 / 15.9 ms on a 16-core Xeon with AMX (2026-12-04,
+// benchmarks/measured/device_amx_2026-12-04.log): every 32-k step ends in the scalar per-group epilogue over
+// the C tiles, which costs far more than the tile dots. The tile code stays (gemm_int_tiles<TileFormat::kINT4>,
+// tested on the emulator) for a vectorized epilogue.
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
