@@ -6,10 +6,10 @@ weight type holds the weights (L distinct layers, so a pass reads cold experts; 
 repetition) and answers ``run T THREADS REPS`` on stdin, so a benchmark can alternate it with our
 layer in one run without setting the weights up again.
 
-Formats compared with ggml's nearest type: bf16 / int8 / int4 / fp8 / int4_affine with bf16 / q8_0 /
-q4_0 / q8_0 / q4_K (q4_0 and q4_K repacked into CPU_REPACK's interleaved layouts, as llama.cpp does
-at load time on AVX2 / AVX-512 hosts). ``KTMOE_LLAMA_TYPES="int4=q4_K"`` sets another (bf16, q8_0,
-q4_0 or q4_K) for a format.
+Formats compared with ggml's nearest type: bf16 / int8 / int4 / fp8 / int4_affine / mxfp4 with bf16 /
+q8_0 / q4_0 / q8_0 / q4_K / MXFP4 (q4_0, q4_K and MXFP4 repacked into CPU_REPACK's interleaved layouts,
+as llama.cpp does at load time on AVX2 / AVX-512 hosts). ``KTMOE_LLAMA_TYPES="int4=q4_K"`` sets another
+(bf16, q8_0, q4_0, q4_K or mxfp4) for a format.
 
 ``KTMOE_LLAMA_PEER=PATH`` picks another build of the harness, e.g. an AVX2-only ggml to set
 against our AVX2 path (``KTMOE_ISA=avx2``) on an AVX-512 host:
@@ -25,9 +25,9 @@ from typing import List, Optional
 from benchmarks import ROOT
 
 BINARY = os.environ.get("KTMOE_LLAMA_PEER") or os.path.join(ROOT, "build", "llama_peer", "moe_layer_ggml")
-GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "fp8": "q8_0", "int4_affine": "q4_K"}
+GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "fp8": "q8_0", "int4_affine": "q4_K", "mxfp4": "mxfp4"}
 GGML_TYPE.update(kv.split("=", 1) for kv in os.environ.get("KTMOE_LLAMA_TYPES", "").split(",") if "=" in kv)
-TYPE_BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_K": 144 / 256}
+TYPE_BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_K": 144 / 256, "mxfp4": 17 / 32}
 COLD_BYTES = 150 << 20  # routed-expert bytes one pass must read, at least
 
 

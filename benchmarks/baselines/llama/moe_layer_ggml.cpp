@@ -8,7 +8,7 @@
 //   out  = sum_j down[:, j, :] * weights[j, :]                        -> [H, T]
 // L such layers (distinct weights) are chained in one graph, and every repetition draws new
 // routings, so the experts a pass reads are cold (not in the caches), as in serving.
-// q4_0 / q4_K weights go to the CPU_REPACK buffer type, as llama.cpp does at load time.
+// q4_0 / q4_K / MXFP4 weights go to the CPU_REPACK buffer type, as llama.cpp does at load time.
 //
 // Protocol (one process per weight type, kept alive so that a benchmark can alternate it with
 // another implementation without paying the weight set-up again):
@@ -47,13 +47,14 @@ ggml_type parse_type(const std::string& s) {
     if (s == "q8_0") return GGML_TYPE_Q8_0;
     if (s == "q4_0") return GGML_TYPE_Q4_0;
     if (s == "q4_K") return GGML_TYPE_Q4_K;
-    std::fprintf(stderr, "unknown type %s (bf16|q8_0|q4_0|q4_K)\n", s.c_str());
+    if (s == "mxfp4") return GGML_TYPE_MXFP4;
+    std::fprintf(stderr, "unknown type %s (bf16|q8_0|q4_0|q4_K|mxfp4)\n", s.c_str());
     std::exit(2);
 }
 
 // The CPU_REPACK buffer type when ggml offers one for this type on this CPU, else plain CPU memory.
 ggml_backend_buffer_type_t weight_buffer_type(ggml_backend_t backend, ggml_type type) {
-    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K) {
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_MXFP4) {
         ggml_backend_dev_t dev = ggml_backend_get_device(backend);
         auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
             ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
