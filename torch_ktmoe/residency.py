@@ -34,12 +34,12 @@ import torch.nn as nn
 
 from ._native import _C
 
-__all__ = ["LayerResidency", "residency_report", "layer_stats"]
+__all__ = ["LayerResidency", "residency_report", "layer_stats", "process_read_bytes"]
 
 COUNTERS = ("forwards", "tokens", "hits", "misses", "read_bytes", "major_faults", "read_seconds")
 
 
-def _process_read_bytes() -> int:
+def process_read_bytes() -> int:
     """``read_bytes`` of /proc/self/io (0 where the kernel does not account I/O per task)."""
     try:
         with open("/proc/self/io", "rb") as f:
@@ -75,10 +75,10 @@ class LayerResidency:
         c["misses"] += misses
         if not misses:
             return forward()
-        read0, faults0, t0 = _process_read_bytes(), _major_faults(), time.perf_counter()
+        read0, faults0, t0 = process_read_bytes(), _major_faults(), time.perf_counter()
         out = forward()
         c["read_seconds"] += time.perf_counter() - t0
-        c["read_bytes"] += _process_read_bytes() - read0
+        c["read_bytes"] += process_read_bytes() - read0
         c["major_faults"] += _major_faults() - faults0
         return out
 
