@@ -92,17 +92,21 @@ def router_refusal(router: nn.Module) -> Optional[str]:
 class NextLayerPredictor:
     """Predicts the experts of ``target`` (layer L+1's KTMoE) with ``router`` (layer L+1's router module) from
     layer L's hidden state and reads them ahead; see the module. ``k_prime``: experts predicted per token
-    (default 2k, at most E). Called as ``predictor(hidden_states [..., H])``; returns nothing."""
+    (default 2k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
+    row, -1 where it holds none (sglang's CPU slots; None: the same ids). Called as
+    ``predictor(hidden_states [..., H])``; returns nothing."""
 
-    def __init__(self, router: nn.Module, target: nn.Module, k_prime: Optional[int] = None):
+    def __init__(self, router: nn.Module, target: nn.Module, k_prime: Optional[int] = None,
+                 id_map: Optional[torch.Tensor] = None):
         reason = router_refusal(router)
         if reason is not None:
             raise ValueError(f"cannot predict layer {target.layer_idx} from {type(router).__name__}: {reason}")
-        self.router, self.target = router, target
+        self.router, self.target, self.id_map = router, target, id_map
         k_prime = 2 * target.top_k if k_prime is None else int(k_prime)
         if k_prime < 1:
             raise ValueError(f"k_prime must be >= 1, got {k_prime}")
-        self.k_prime = min(k_prime, target.num_experts)
+        rows = target.num_experts if id_map is None else id_map.numel()
+        self.k_prime = min(k_prime, rows)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, E]: the router's logits (its packed copy when pack_linears packed it)."""
@@ -125,9 +129,10 @@ class NextLayerPredictor:
         return score_fn(logits.float()) + bias
 
     def predict(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [T, k'] expert ids, best first."""
+        """[..., H] -> [T, k'] the target's expert ids, best first (-1: a router row the target does not hold)."""
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        return torch.topk(self.choice(self.logits(x)), self.k_prime, dim=-1).indices
+        ids = torch.topk(self.choice(self.logits(x)), self.k_prime, dim=-1).indices
+        return ids if self.id_map is None else self.id_map[ids]
 
     def __call__(self, hidden_states: torch.Tensor) -> None:
         if torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
@@ -136,6 +141,6 @@ class NextLayerPredictor:
             predicted = self.predict(hidden_states)
             self.target.next_layer_recall.expect(predicted)
             experts = torch.unique(predicted)
-            experts = experts[experts < self.target.num_experts]  # a router's extra rows (LongCat's zero expert)
+            experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
             for w13, w2 in self.target.packed_tensors():
                 expert_reads.read_ahead_experts(w13, w2, experts)
