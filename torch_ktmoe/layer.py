@@ -11,7 +11,7 @@ from . import layer_copies, model_warm, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
 from .part_packing import exact_companions, pack_part
-from .next_layer import NEXT_LAYER_MODES, PredictionRecall
+from .next_layer import PredictionRecall
 from .pending_experts import PendingExperts
 from .residency import LayerResidency, layer_stats
 from .paths import utf8_path

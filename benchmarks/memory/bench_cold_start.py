@@ -281,7 +281,8 @@ def table(summary, rows, disk) -> str:
                    f"| {s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f}) | {s['ratio_cpu']:.2f} "
                    f"| {s['major']:.0f} / {s['minor']:.0f} | {s['ready_s']:.2f} s ({s['ready_min']:.2f} s), "
                    f"{s['gbs']:.2f} GB/s | {s['first16']:.2f} ({s['first16_min']:.2f}) "
-                   f"| {s['ttft']:.2f} s ({s['ttft_min']:.2f} s) | {s['t16']:.2f} s | {state}, {s['resident_before'] * 100:.0f} % resident "
+                   f"| {s['ttft']:.2f} s ({s['ttft_min']:.2f} s) | {s['t16']:.2f} s "
+                   f"| {state}, {s['resident_before'] * 100:.0f} % resident "
                    f"| {s['mb_per_pass']:.1f} | {pct(s['gbs_passes'])} | {pct(s['gbs_waiting'])} "
                    f"| {'-' if s['hit_rate'] is None else format(s['hit_rate'], '.2f')} |")
     out.append("")

@@ -2,19 +2,19 @@
 
 Run (root, cgroup v1): python -m benchmarks.memory.bench_disk_bound [--layers 24] [--limit-mib 1024] [--tokens 16]
 
-A stack of ``--layers`` int8 KTMoE layers (``--experts`` 32, top ``--top-k`` 8, H=2048, I=512: ~100 MB packed a
-layer, 2.4 GB in all), packed once into kept cache files, each with a random router ``[E, H]``; "zipf" adds a
-per-layer popularity bias to the logits (expert e's ~ log 1/(e+1)), "uniform" none. A token's hidden state
+A stack of ``--layers`` int8 KTMoE layers (``--experts`` 32, top ``--top-k`` 8, H=2048, I=512: ~120 MB packed a
+layer, 2.9 GB in all), packed once into kept cache files, each with a random router ``[E, H]``; "zipf" adds a
+per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
 the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
-k' = ``--k-prime``, default 2k) and reads them ahead. Per routing, one child process inside a fresh ``--limit-mib`` memory cgroup
-(page cache charged there too), the files' pages dropped first (``POSIX_FADV_DONTNEED``), maps the files
-(KTMoE defaults: ``prefetch="auto"``, ``next_layer_prefetch="auto"``: on, the experts do not fit), decodes
-``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the measured tokens: tok/s, the disk rate while
-the layers waited on it (``residency_report``: read_bytes / the forwards-with-misses' time) and over the whole
-decode (``/proc/self/io`` read_bytes / decode time), each as % of the best rate of
-:mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per token, the routed
-experts' hit rate and the predictor's recall.
+k' = ``--k-prime``, default 2k) and reads them ahead. Per routing, one child process inside a fresh
+``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
+(``POSIX_FADV_DONTNEED``), maps the files (KTMoE defaults: ``prefetch="auto"``, ``next_layer_prefetch="auto"``:
+on, the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
+measured tokens: tok/s, the disk rate while the layers waited on it (``residency_report``: read_bytes / the
+forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
+of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per
+token, the routed experts' hit rate and the predictor's recall.
 """
 import argparse
 import json
@@ -141,7 +141,8 @@ def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
     overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    return (f"| {routing} | {res['tok_s']:.2f} | {fmt(waiting['GBps'], '.2f')} ({fmt(waiting['pct_of_roof'], '.0f')} %) | "
+    return (f"| {routing} | {res['tok_s']:.2f} | "
+            f"{fmt(waiting['GBps'], '.2f')} ({fmt(waiting['pct_of_roof'], '.0f')} %) | "
             f"{fmt(overall['GBps'], '.2f')} ({fmt(overall['pct_of_roof'], '.0f')} %) | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
             f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
@@ -181,8 +182,8 @@ def main(argv=None) -> int:
 
             drop_file_pages(files)  # cold: every expert comes from the disk at first
             res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
-                                       [work, json.dumps(dims), routing, args.warmup, args.tokens, args.threads, args.k_prime,
-                                        out],
+                                       [work, json.dumps(dims), routing, args.warmup, args.tokens, args.threads,
+                                        args.k_prime, out],
                                        timeout=1800)
             load = os.getloadavg()[0]
             if res.returncode == 0:

@@ -32,7 +32,8 @@ Entry points:
 
 ``attach_next_layer_prefetch(model, *, k_prime=None, source="experts") -> (predicted, left)``
     Each MoE layer predicts the next MoE layer's experts with that layer's router and reads them ahead while it
-    computes (while the experts do not fit in memory; ``patch_model`` / ``from_pretrained`` call it; :mod:`.next_layer`).
+    computes (while the experts do not fit in memory; ``patch_model`` / ``from_pretrained`` call it;
+    :mod:`.next_layer`).
 
 ``use_decode_attention(model) -> bool``
     Switches a model on ``"sdpa"`` attention to ``"ktmoe_decode"``: single-token decode as grouped fp32
