@@ -303,3 +303,41 @@ def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("load_weights blocked on a FIFO named *.safetensors")
     assert "REFUSED" in r.stdout and "zz-pipe.safetensors' is not a regular file" in r.stdout, r.stdout + r.stderr
+
+
+def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_path, monkeypatch):
+    """Layer L's wrapper applies layer L + 1's router (read from the checkpoint) to its hidden state: with the next
+    layer routed by that router on the same state, every routed CPU expert was predicted (recall 1), and only
+    the next wrapper's CPU slots are read ahead."""
+    from torch_ktmoe import expert_reads
+
+    reads = []
+    monkeypatch.setattr(expert_reads, "read_ahead_experts", lambda w13, w2, ids: reads.append(ids))
+    gate_up, down = _experts()
+    path = _write(tmp_path / "a", "fused", gate_up, down)
+    _write(tmp_path / "b", "fused", gate_up, down, layer=L + 1)
+    router = torch.randn(E, H, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    from safetensors.torch import load_file
+    tensors = {**load_file(os.path.join(path, "model.safetensors")),
+               **load_file(os.path.join(tmp_path / "b", "model.safetensors")),
+               f"model.layers.{L + 1}.mlp.gate.weight": router}
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    first = _wrapper(path, next_layer_prefetch=True)
+    second = KTMoEWrapper(L + 1, E, K, H, I, num_gpu_experts=2, weight_path=path, method="BF16",
+                          next_layer_prefetch=True)
+    first.load_weights()
+    second.load_weights()
+    x, ids, w = _routing(7)
+    first.forward(x, ids, w)
+    routed = (x.float() @ router.float().T).topk(K, -1).indices  # what layer L + 1 routes to on that state
+    second.forward(x, routed.to(torch.int32), w)
+    s = second.moe.residency_stats()
+    cpu_routed = int((routed >= 2).sum())  # experts 0 and 1 are on the GPU: skipped
+    assert s["predicted_routed"] == cpu_routed and s["recall"] == 1.0
+    assert len(reads) == 1 and reads[0].min() >= 0 and reads[0].max() < second.num_cpu_experts
+    off = KTMoEWrapper(L + 1, E, K, H, I, num_gpu_experts=2, weight_path=path, method="BF16")  # "auto", anonymous
+    off.load_weights()
+    assert not off.moe.next_layer_prefetching
+    first._predictor = first._following = None
+    first.forward(x, ids, w)
+    assert first._predictor is None and len(reads) == 1  # asked again next forward, nothing read

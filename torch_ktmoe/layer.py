@@ -11,8 +11,9 @@ from . import layer_copies, model_warm, ops
 from ._native import _C
 from .layer_arenas import LayerArenas
 from .part_packing import exact_companions, pack_part
+from .next_layer import PredictionRecall
 from .pending_experts import PendingExperts
-from .residency import LayerResidency
+from .residency import LayerResidency, layer_stats
 from .paths import utf8_path
 
 
@@ -79,6 +80,11 @@ class KTMoE(nn.Module):
         residency: count routed experts found in RAM or read from disk (:meth:`residency_stats`,
             :func:`torch_ktmoe.residency_report`; file-backed experts). ``"auto"``: while :attr:`prefetching`
             (~35 us a forward at decode); ``True`` / ``False``: always / never.
+        next_layer_prefetch: let the previous MoE layer predict this layer's experts from its hidden state and
+            read them ahead while it computes (:mod:`torch_ktmoe.next_layer`; wired by ``torch_ktmoe.hf``'s
+            loaders). ``"auto"`` (default): while the file-backed experts do not fit in memory (``prefetch="auto"``'s
+            decision); ``True`` / ``False`` force it. Outputs are the same either way; the predictions' recall
+            shows in :meth:`residency_stats`.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
     :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
@@ -106,9 +112,10 @@ class KTMoE(nn.Module):
                  hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
                  activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto",
-                 residency: Union[str, bool] = "auto"):
+                 residency: Union[str, bool] = "auto", next_layer_prefetch: Union[str, bool] = "auto"):
         super().__init__()
-        for name, mode in (("prefetch", prefetch), ("residency", residency)):
+        for name, mode in (("prefetch", prefetch), ("residency", residency),
+                           ("next_layer_prefetch", next_layer_prefetch)):
             if not (isinstance(mode, bool) or mode == "auto"):
                 raise ValueError(f"{name} must be one of {PREFETCH_MODES}, got {mode!r}")
         params = ops.activation_params(activation, activation_params)  # ValueError naming what is wrong
@@ -130,6 +137,8 @@ class KTMoE(nn.Module):
         self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
         self.residency_mode = residency
         self.residency: Optional[LayerResidency] = None  # file-backed experts: hits / misses (residency.py)
+        self.next_layer_prefetch_mode = next_layer_prefetch
+        self.next_layer_recall = PredictionRecall()  # the previous layer's predictions of this one (next_layer.py)
         self.activation = activation
         self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
         self._activation_args = (activation, list(params))  # the op's (activation, activation_params)
@@ -308,7 +317,7 @@ class KTMoE(nn.Module):
         file_backed = self.arenas.file_backed
         self.residency = LayerResidency() if file_backed and self.residency_mode is not False else None
         self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
-        if file_backed and (self._auto_prefetch or self.warm_mode == "auto"):
+        if file_backed and (self._auto_prefetch or self.warm_mode == "auto" or self.next_layer_prefetch_mode == "auto"):
             self.arenas.experts_dir.loaded(self.arenas)  # decided again at each load: the last sees the whole model
         if self.warm_mode == "auto":
             if file_backed:
@@ -347,6 +356,14 @@ class KTMoE(nn.Module):
         return self.prefetch_mode is True or (self._auto_prefetch and (
             not self.arenas.experts_dir.file_experts_fit or self.arenas.warm_pending))
 
+    @property
+    def next_layer_prefetching(self) -> bool:
+        """Whether the previous MoE layer reads this layer's predicted experts ahead now (``next_layer_prefetch``
+        resolved: ``"auto"``, while this layer's file-backed experts do not fit in memory)."""
+        mode = self.next_layer_prefetch_mode
+        return mode is True or (mode == "auto" and self.arenas.file_backed
+                                and not self.arenas.experts_dir.file_experts_fit)
+
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
         return [(getattr(self, f"w13_{p}"), getattr(self, f"w2_{p}")) for p in range(self.numa_parts)]
@@ -354,6 +371,8 @@ class KTMoE(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and self.next_layer_recall.pending is not None:
+            self.next_layer_recall.observe(topk_ids)  # the previous layer predicted this forward's experts
         prefetch = self.prefetching
         if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
             return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
@@ -361,9 +380,9 @@ class KTMoE(nn.Module):
                                       lambda: self._forward(hidden_states, topk_ids, topk_weights, prefetch))
 
     def residency_stats(self) -> Optional[dict]:
-        """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py); None
-        for anonymous experts."""
-        return None if self.residency is None else self.residency.stats()
+        """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the
+        recall of the previous layer's predictions (next_layer.py); None for anonymous experts never predicted."""
+        return layer_stats(self)
 
     def _forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  prefetch: bool) -> torch.Tensor:

@@ -33,7 +33,8 @@ def constructor_kwargs(layer) -> dict:
                 warm=layer.warm_mode, cache=layer.cache if layer.mmap_experts_dir is not None else None,
                 verify=layer.verify, cache_trust_others=layer.cache_trust_others,
                 activation=layer.activation, activation_params=layer.activation_params,
-                prefetch=layer.prefetch_mode, residency=layer.residency_mode)
+                prefetch=layer.prefetch_mode, residency=layer.residency_mode,
+                next_layer_prefetch=layer.next_layer_prefetch_mode)
 
 
 def reduce_layer(layer):

@@ -11,7 +11,10 @@ torch_ktmoe.hf.from_pretrained and decodes greedily:
     prefetch="auto" (it reads the routed experts ahead: on here) and with
     prefetch=False (one page fault at a time), alternated --rounds times;
   * anonymous, inside the same cgroup       (expected: OOM-killed).
-Prints decode tok/s, major page faults per token and whether the tokens match.
+Prints decode tok/s, major page faults per token and whether the tokens match, and the disk figures: MB read
+per token (/proc/self/io), the disk rate while the layers waited on it and over the decode as % of the disk roof
+(benchmarks/baselines/disk_roof.py over the checkpoint's files, measured first in the same run), the routed
+experts' hit rate and the next-layer predictor's recall (torch_ktmoe.residency_report).
 """
 import argparse
 import json
@@ -20,6 +23,7 @@ import shutil
 import statistics
 import sys
 
+from benchmarks.baselines.disk_roof import disk_rates, disk_roof, roof_line
 from ktmoe_harness.checkpoint import checkpoint_for, make_workdir
 from ktmoe_harness.child import run_python
 from ktmoe_harness.memcg import run_in_memory_cgroup
@@ -27,9 +31,31 @@ from ktmoe_harness.options import add_model_arguments
 
 MiB = 1 << 20
 
+
+def _fmt(v, spec) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def disk_columns(done: list, roof: dict) -> str:
+    """Medians over a row's runs: disk rate while waiting and over the decode (% of the roof), MB read per token,
+    hit rate, recall (residency_report; None where not counted: a model that fits)."""
+    def med(key):
+        vals = [r[key] for r in done if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    waiting = disk_rates(med("wait_bytes") or 0, med("wait_s") or 0, roof)
+    overall = disk_rates(med("read_bytes") or 0, med("decode_s") or 0, roof)
+    mb = med("read_bytes_per_token")
+    return (f"{_fmt(waiting['GBps'], '.2f')} ({_fmt(waiting['pct_of_roof'], '.0f')} %) | "
+            f"{_fmt(overall['GBps'], '.2f')} ({_fmt(overall['pct_of_roof'], '.0f')} %) | "
+            f"{_fmt(None if mb is None else mb / 1e6, '.0f')} | {_fmt(med('hit_rate'), '.2f')} | "
+            f"{_fmt(med('recall'), '.2f')}")
+
 CHILD = r"""
 import json, resource, sys, time, torch
+import torch_ktmoe
 from torch_ktmoe import hf
+from torch_ktmoe.residency import process_read_bytes
 from ktmoe_harness.generate import generate
 checkpoint, experts_dir, tokens, out, prefetch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 torch.set_num_threads(2)
@@ -37,10 +63,15 @@ model = hf.from_pretrained(checkpoint, mmap_experts_dir=experts_dir or None, dty
                            progress=False, cache="off", ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False})
 prompt = torch.tensor([[3, 17, 42, 8, 99]])
 generate(model, prompt, 2, progress=False)                    # warm-up
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+torch_ktmoe.residency_report(model, reset=True)
+f0, r0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, process_read_bytes()
 out_tokens, _, _, decode_s = generate(model, prompt, tokens, progress=False)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0
+res = torch_ktmoe.residency_report(model)
 json.dump({"tok_s": (tokens - 1) / decode_s, "major_faults_per_token": faults / tokens,
+           "read_bytes_per_token": (process_read_bytes() - r0) / tokens, "decode_s": decode_s,
+           "read_bytes": process_read_bytes() - r0, "wait_bytes": res["read_bytes"], "wait_s": res["read_seconds"],
+           "hit_rate": res["hit_rate"], "recall": res["recall"],
            "tokens": out_tokens, "packed": model.ktmoe_report.packed_bytes,
            "prefetching": any(m.prefetching for m in model.modules() if hasattr(m, "prefetching"))}, open(out, "w"))
 """
@@ -58,6 +89,7 @@ def main(argv=None) -> int:
     env = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}  # freed staging buffers go back to the kernel at once
     try:
         checkpoint = checkpoint_for(args, work)  # outside the cgroup: its page cache is not charged there
+        roof = disk_roof([os.path.join(checkpoint, f) for f in sorted(os.listdir(checkpoint))], 1 << 30)
         limited = f"{args.limit_mib} MiB limit"
         runs = [("file-backed, no limit", "experts-free", False, "auto")]
         runs += [(f"file-backed, {limited}, prefetch={p}", "experts-limited", True, p)
@@ -84,8 +116,11 @@ def main(argv=None) -> int:
         print(f"\n{ref.get('packed', 0) / MiB:.0f} MiB of packed bf16 experts, limit {args.limit_mib} MiB "
               f"({ref.get('packed', 0) / (args.limit_mib * MiB):.2f}x), {args.tokens} tokens, 2 threads, "
               f"{args.rounds} round(s)\n")
-        print("| run | reads ahead | decode tok/s (median / min) | major faults / token | same tokens |")
-        print("| --- | --- | ---: | ---: | --- |")
+        print(roof_line(roof) + "  (over the checkpoint's files: the experts' files are unnamed, cache='off')\n")
+        print("| run | reads ahead | decode tok/s (median / min) | major faults / token | same tokens | "
+              "disk GB/s while waiting (% of roof) | disk GB/s over decode (% of roof) | MB read / token | "
+              "hit rate | recall |")
+        print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for name, results in rows.items():
             done = [r for r in results if "tok_s" in r]
             if done:
@@ -93,11 +128,11 @@ def main(argv=None) -> int:
                 faults = statistics.median(r["major_faults_per_token"] for r in done)
                 same = all(r["tokens"] == ref.get("tokens") for r in done)
                 print(f"| {name} | {any(r['prefetching'] for r in done)} | {statistics.median(tok_s):.2f} / "
-                      f"{min(tok_s):.2f} | {faults:.1f} | {same} |")
+                      f"{min(tok_s):.2f} | {faults:.1f} | {same} | {disk_columns(done, roof)} |")
             for r in results:
                 if "tok_s" not in r:
                     killed = " (OOM-killed, as expected)" if r["returncode"] == -9 else ""
-                    print(f"| {name} | - | rc {r['returncode']}{killed} | - | - |")
+                    print(f"| {name} | - | rc {r['returncode']}{killed} | - | - | - | - | - | - | - |")
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -30,9 +30,11 @@ median of --passes more passes, run once every warm is done: ``join_warm``) and 
 against steady (steady / their mean time), the time to the first pass's end from
 the start of the load (load + warm + pass 0), pass 0 / steady by wall time and
 by CPU time (getrusage: what a co-tenant taking a core does not inflate), major
-and minor faults in pass 0, and load + warm time with its throughput; plus what
-the disk gives after a drop (O_DIRECT reads of the files, and read() through the
-page cache). The row order reverses every other restart ("hot" stays last).
+and minor faults in pass 0, load + warm time with its throughput, and the timed passes' disk figures (MB read
+per pass, GB/s over the passes and while the layers waited on the disk, each as % of the roof, the routed
+experts' hit rate: torch_ktmoe.residency_report, counted in the timed passes only); plus the disk roof of
+benchmarks/baselines/disk_roof.py over the same files, once per restart (one buffered stream, O_DIRECT 4 MiB
+requests, 8 buffered streams; the best is the roof). The row order reverses every other restart ("hot" stays last).
 Writes benchmarks/results/bench_cold_start.json (--out).
 """
 import argparse
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.baselines.disk_roof import PATTERNS, disk_roof
 from benchmarks.cli import add_out_argument, add_shape_arguments, write_result
 
 MiB = 1 << 20
@@ -65,7 +68,7 @@ def _layer(args, i, warm):
     from torch_ktmoe import KTMoE
 
     return KTMoE(args.experts, args.top_k, args.hidden, args.intermediate, mmap_experts_dir=args.dir,
-                 layer_idx=i, numa_parts=1, warm=warm, cache="reuse")
+                 layer_idx=i, numa_parts=1, warm=warm, cache="reuse", residency=True)  # counted: timed passes
 
 
 def _fingerprint(i):
@@ -106,6 +109,7 @@ def child(args) -> int:
 
     import torch_ktmoe
     from torch_ktmoe import KTMoE
+    from torch_ktmoe.residency import process_read_bytes
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(99)
@@ -131,11 +135,16 @@ def child(args) -> int:
     ready_s = time.perf_counter() - t0
 
     times, cpu, pass0, steady = [], [], {}, []
+    read0 = process_read_bytes()
     with torch.inference_mode():
         for p in range(2 * args.passes):
             if p == args.passes:
+                disk = {"read_bytes": process_read_bytes() - read0,  # the timed passes' (and the warm's) reads
+                        "residency": {k: v for k, v in torch_ktmoe.residency_report(torch.nn.ModuleList(layers)).items()
+                                      if k != "per_layer"}}
                 for layer in layers:
                     layer.join_warm()  # warm="auto": steady is measured once the model's warm is done
+                    layer.residency_mode = False  # steady passes: not counted (its mincore would cost them)
             r0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             for i, layer in enumerate(layers):
                 j = p * args.layers + i
@@ -147,7 +156,7 @@ def child(args) -> int:
             cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
             if p == 0:
                 pass0 = {"major_faults": r1.ru_majflt - r0.ru_majflt, "minor_faults": r1.ru_minflt - r0.ru_minflt}
-    out = {"row": args.row, "ready_s": ready_s, "times_s": times, "cpu_s": cpu, "steady_s": steady, **pass0,
+    out = {"row": args.row, "ready_s": ready_s, "times_s": times, "cpu_s": cpu, "steady_s": steady, **pass0, **disk,
            "packed_bytes": sum(layer.packed_bytes for layer in layers),
            "status": sorted({a.prefault_status for layer in layers for a in layer.arenas}),
            "checksum": float(x.float().sum())}
@@ -193,25 +202,6 @@ def resident_fraction(files) -> float:
     return min(1.0, resident / total)
 
 
-def disk_read_gbs(files, direct: bool) -> float:
-    """GB/s of reading the files after a drop: O_DIRECT (the disk alone) or read() (page cache)."""
-    drop_caches()
-    time.sleep(1)
-    buf = mmap.mmap(-1, 8 * MiB)  # page-aligned, as O_DIRECT needs
-    buf.write(b"\0" * len(buf))
-    total, t0 = 0, time.perf_counter()
-    for path in files:
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-        try:
-            off = 0
-            while (got := os.preadv(fd, [buf], off)) > 0:
-                off += got
-            total += off
-        finally:
-            os.close(fd)
-    return total / (time.perf_counter() - t0) / 1e9
-
-
 def run_row(args, row, work) -> dict:
     files = _files(args)
     if row != "hot":
@@ -232,6 +222,15 @@ def run_row(args, row, work) -> dict:
     return r
 
 
+def pass_disk(r) -> dict:
+    """The timed passes' disk figures: MB read per pass (the process's read_bytes: the passes' and the warm's),
+    GB/s over the passes, GB/s while the layers waited on the disk and the hit rate (residency_report)."""
+    res, passes_s = r["residency"], sum(r["times_s"])
+    return {"mb_per_pass": r["read_bytes"] / len(r["times_s"]) / 1e6, "gbs_passes": r["read_bytes"] / passes_s / 1e9,
+            "gbs_waiting": res["read_bytes"] / res["read_seconds"] / 1e9 if res["read_seconds"] else None,
+            "hit_rate": res["hit_rate"]}
+
+
 def summarize(runs) -> dict:
     """Per restart: pass 0 against steady (the median of passes 4..), by wall time and by CPU time.
 
@@ -249,10 +248,13 @@ def summarize(runs) -> dict:
                     "ratio": t[0] / steady, "ratio_cpu": c[0] / steady_cpu, "ready_s": r["ready_s"],
                     "major": r["major_faults"], "minor": r["minor_faults"],
                     "resident_before": r["resident_before"], "loadavg": r["loadavg"],
-                    "gbs": r["packed_bytes"] / r["ready_s"] / 1e9})
+                    "gbs": r["packed_bytes"] / r["ready_s"] / 1e9, **pass_disk(r)})
     out = {k: med([p[k] for p in per]) for k in ("pass0", "steady", "mean_rest", "ratio", "ratio_cpu", "ready_s",
                                                   "major", "minor", "resident_before", "loadavg", "gbs",
-                                                  "first16", "ttft", "t16")}
+                                                  "first16", "ttft", "t16", "mb_per_pass", "gbs_passes")}
+    for k in ("gbs_waiting", "hit_rate"):  # None where nothing was read (hot) or counted
+        vals = [p[k] for p in per if p[k] is not None]
+        out[k] = med(vals) if vals else None
     out.update({"ratio_min": min(p["ratio"] for p in per), "ratio_max": max(p["ratio"] for p in per),
                 "ready_min": min(p["ready_s"] for p in per), "first16_min": min(p["first16"] for p in per),
                 "ttft_min": min(p["ttft"] for p in per),
@@ -265,8 +267,11 @@ def table(summary, rows, disk) -> str:
            "| pass 0 / steady: wall, median (min-max) | CPU time | faults in pass 0 (major / minor) "
            "| load + warm, median (min) | first 16 passes / steady speed, median (min) "
            "| load to the end of pass 0, median (min) | load to the end of pass 15 "
-           "| page cache before the process |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| page cache before the process | timed passes: MB read / pass | disk GB/s over them (% of roof) "
+           "| disk GB/s while waiting (% of roof) | hit rate |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    best = disk["best"]
+    pct = lambda v: "-" if v is None else f"{v:.2f} ({100 * v / best:.0f} %)"  # noqa: E731
     for row in rows:
         s = summary[row]
         state = "dropped" if row not in ("cat", "hot") else {"cat": "read by cat after the drop",
@@ -276,10 +281,13 @@ def table(summary, rows, disk) -> str:
                    f"| {s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f}) | {s['ratio_cpu']:.2f} "
                    f"| {s['major']:.0f} / {s['minor']:.0f} | {s['ready_s']:.2f} s ({s['ready_min']:.2f} s), "
                    f"{s['gbs']:.2f} GB/s | {s['first16']:.2f} ({s['first16_min']:.2f}) "
-                   f"| {s['ttft']:.2f} s ({s['ttft_min']:.2f} s) | {s['t16']:.2f} s | {state}, {s['resident_before'] * 100:.0f} % resident |")
+                   f"| {s['ttft']:.2f} s ({s['ttft_min']:.2f} s) | {s['t16']:.2f} s "
+                   f"| {state}, {s['resident_before'] * 100:.0f} % resident "
+                   f"| {s['mb_per_pass']:.1f} | {pct(s['gbs_passes'])} | {pct(s['gbs_waiting'])} "
+                   f"| {'-' if s['hit_rate'] is None else format(s['hit_rate'], '.2f')} |")
     out.append("")
-    out.append(f"disk after a drop, all files: O_DIRECT 8 MiB reads {disk['direct']:.2f} GB/s, read() through the "
-               f"page cache {disk['buffered']:.2f} GB/s (medians of {len(disk['direct_all'])}); "
+    out.append(f"disk roof, all files, after a drop each (GB/s, medians of {len(disk['roofs'])}): "
+               + ", ".join(f"{p} {disk[p]:.2f}" for p in PATTERNS) + f"; best {best:.2f} (the % above); "
                f"load average during the rows: {min(s['loadavg'] for s in summary.values()):.1f}-"
                f"{max(s['loadavg'] for s in summary.values()):.1f} on 2 cores")
     return "\n".join(out)
@@ -318,13 +326,12 @@ def main(argv=None) -> int:
               f"I={args.intermediate}) into cache files in {args.dir} ...", flush=True)
         build(args)
         files = _files(args)
-        disk = {"direct_all": [], "buffered_all": []}
+        disk = {"roofs": []}
         runs = {r: [] for r in rows}
         print("each row: sync; echo 3 > /proc/sys/vm/drop_caches (except 'hot'), then a fresh process",
               flush=True)
         for k in range(args.restarts):
-            disk["direct_all"].append(disk_read_gbs(files, direct=True))
-            disk["buffered_all"].append(disk_read_gbs(files, direct=False))
+            disk["roofs"].append(disk_roof(files, drop=lambda paths: drop_caches()))
             order = rows if k % 2 == 0 else [r for r in reversed(rows) if r != "hot"] + (
                 ["hot"] if "hot" in rows else [])
             for row in order:
@@ -335,8 +342,9 @@ def main(argv=None) -> int:
                       f"{statistics.median(r['steady_s']) * 1e3:5.2f} ms, first 16 / steady speed "
                       f"{statistics.median(r['steady_s']) / statistics.mean(t[:16]):.2f}, load+warm {r['ready_s']:.2f} s, "
                       f"faults {r['major_faults']}/{r['minor_faults']}, load avg {r['loadavg']:.1f}", flush=True)
-        disk["direct"] = statistics.median(disk["direct_all"])
-        disk["buffered"] = statistics.median(disk["buffered_all"])
+        for pattern in (*PATTERNS, "best"):
+            vals = [r[pattern] for r in disk["roofs"] if r[pattern] is not None]
+            disk[pattern] = statistics.median(vals) if vals else float("nan")
         summary = {r: summarize(runs[r]) for r in rows}
         same = len({round(r["checksum"], 3) for row in rows for r in runs[row]}) == 1
         print(f"\n{args.layers} layers x {args.experts} experts bf16 (H={args.hidden}, I={args.intermediate}, "

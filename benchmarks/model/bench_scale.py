@@ -17,7 +17,12 @@ by the model's own router; "uniform" and "zipf" (s=1 per layer) differ only in t
 popularity channel (see common.py). Each run: sync + drop the page cache, start a fresh process
 (in a fresh v1 memory cgroup of the given limit, no swap), load, --warmup tokens, then --tokens
 measured tokens: tok/s median and min, major faults per measured token, time to first token from
-process start (cold page cache). Plus: anonymous experts (no mmap_experts_dir) under each limit.
+process start (cold page cache); for ours also the disk figures of the measured tokens: MB read per
+token (/proc/self/io), the disk rate while the layers waited on it and over the decode, each as % of the
+disk roof (benchmarks/baselines/disk_roof.py: the best of one buffered stream, O_DIRECT 4 MiB requests and
+8 buffered streams over the model's own files, measured once per model in the same run), the routed
+experts' hit rate and the next-layer predictor's recall (torch_ktmoe.residency_report). Plus: anonymous
+experts (no mmap_experts_dir) under each limit.
 
 The two models do not fit on the disk together (~31 + ~33 GB here): unless they do, the script runs
 ours, deletes it, then llama.cpp's (phases); when both fit it alternates per configuration. It refuses
@@ -36,6 +41,7 @@ import time
 import numpy as np
 
 from benchmarks import ROOT
+from benchmarks.baselines.disk_roof import disk_roof, roof_line
 from benchmarks.cli import add_out_argument, write_result
 from benchmarks.model.scale import common as C
 from benchmarks.model.scale import models
@@ -67,6 +73,8 @@ def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup
                    tok_s_mean=round(n / sum(dts), 3),
                    majflt_per_tok=round((meas[-1]["majflt"] - base["majflt"]) / n, 1),
                    warmup_tok_s=[round(1 / r["dt"], 3) for r in toks[:warmup]])
+        if "io" in meas[-1] and "io" in (base or {}):
+            res.update(disk_figures(base["io"], meas[-1]["io"], sum(dts), n))
         if "experts_s" in meas[0]:
             res["experts_ms_median"] = round(1e3 * statistics.median(r["experts_s"] for r in meas), 1)
             res["ms_median"] = round(1e3 * statistics.median(dts), 1)
@@ -82,6 +90,18 @@ def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup
     if rc != 0 or not toks:
         res["error"] = (err or "")[-1500:]
     return res
+
+
+def disk_figures(before: dict, after: dict, decode_s: float, n: int) -> dict:
+    """The measured tokens' disk figures from two cumulative ``io`` rows of decode_ours: bytes read per token,
+    the disk rate while the layers waited on it (residency: bytes / seconds of forwards with misses) and over
+    the decode, the routed experts' hit rate and the next-layer predictor's recall (None where not counted)."""
+    d = {k: after[k] - before[k] for k in before}
+    routed = d["hits"] + d["misses"]
+    return dict(read_bytes_per_tok=round(d["read_bytes"] / n), disk_GBps_decode=d["read_bytes"] / decode_s / GB,
+                disk_GBps_waiting=d["wait_bytes"] / d["wait_s"] / GB if d["wait_s"] else None,
+                hit_rate=d["hits"] / routed if routed else None,
+                recall=d["found"] / d["routed"] if d["routed"] else None)
 
 
 def limit_bytes(limit: str):
@@ -128,10 +148,25 @@ def run_anon(limit, args):
     return res
 
 
-def fmt_table(results) -> str:
+def _pct(rate, roof) -> str:
+    if rate is None:
+        return "-"
+    best = (roof or {}).get("best")
+    return f"{rate:.2f} ({100 * rate / best:.0f} %)" if best else f"{rate:.2f}"
+
+
+def _opt(v, f) -> str:
+    return "-" if v is None else format(v, f)
+
+
+def fmt_table(results, roofs=None) -> str:
+    """The runs' table; ``roofs``: {model: disk_roof()} measured over each model's files in the same run (the disk
+    columns of llama.cpp rows stay empty: its harness does not report the bytes it read)."""
+    roofs = roofs or {}
     lines = ["| system | routing | memory limit | tok/s median | tok/s min | major faults/token | "
-             "time to first token (cold) | load avg |",
-             "|---|---|---|---|---|---|---|---|"]
+             "time to first token (cold) | disk GB/s while waiting (% of roof) | disk GB/s over decode (% of roof) | "
+             "MB read / token | hit rate | recall | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r["system"] == "ours-anonymous":
             continue
@@ -139,10 +174,16 @@ def fmt_table(results) -> str:
                 "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False"}.get(r["system"], r["system"])
         lim = "none" if r["limit"] == "none" else f"{r['limit']} GiB"
         if "tok_s_median" in r:
+            roof = roofs.get("ours" if r["system"].startswith("ours") else r["system"])
+            mb = r.get("read_bytes_per_tok")
             lines.append(f"| {name} | {r['routing']} | {lim} | {r['tok_s_median']:.2f} | {r['tok_s_min']:.2f} | "
-                         f"{r['majflt_per_tok']:.0f} | {r.get('ttft_s', float('nan')):.1f} s | {r['load_avg']:.1f} |")
+                         f"{r['majflt_per_tok']:.0f} | {r.get('ttft_s', float('nan')):.1f} s | "
+                         f"{_pct(r.get('disk_GBps_waiting'), roof)} | {_pct(r.get('disk_GBps_decode'), roof)} | "
+                         f"{_opt(None if mb is None else mb / 1e6, '.0f')} | {_opt(r.get('hit_rate'), '.2f')} | "
+                         f"{_opt(r.get('recall'), '.2f')} | {r['load_avg']:.1f} |")
         else:
-            lines.append(f"| {name} | {r['routing']} | {lim} | failed (rc {r['rc']}) | | | | {r['load_avg']:.1f} |")
+            lines.append(f"| {name} | {r['routing']} | {lim} | failed (rc {r['rc']}) | | | | | | | | | "
+                         f"{r['load_avg']:.1f} |")
     anon = [r for r in results if r["system"] == "ours-anonymous"]
     if anon:
         lines += ["", "| anonymous experts (no mmap_experts_dir) | memory limit | outcome | after | packed before |",
@@ -170,6 +211,8 @@ def main(argv=None):
                          "spinning threads cost 10-100x: 'passive'; '' leaves the default)")
     ap.add_argument("--anon-limits", default="12", help="limits for the anonymous-mode demo ('' to skip)")
     ap.add_argument("--timeout", type=int, default=1800, help="per run, seconds")
+    ap.add_argument("--roof-gib", type=float, default=2.0,
+                    help="bytes the disk roof reads per pattern over each model's files (0: no roof)")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
     ap.add_argument("--reuse", action="store_true", help="reuse models already in --data")
     add_out_argument(ap, "bench_scale")
@@ -201,15 +244,18 @@ def main(argv=None):
         + ", ".join(f"{s} ~{sizes[s] / GB:.1f} GB" for s in bases)
         + (": both fit, alternating systems" if together else ": not together, one system after the other"))
     harness = models.build_llama(args.data) if "llama" in bases else None
-    results, gen = [], {}
+    results, gen, roofs = [], {}, {}
 
     def generate(system):
-        if have[system]:
-            return
-        log(f"generating {system} model ...")
-        gen[system] = models.generate(system, path[system], args.layers)
-        log(json.dumps(gen[system]))
-        have[system] = True
+        if not have[system]:
+            log(f"generating {system} model ...")
+            gen[system] = models.generate(system, path[system], args.layers)
+            log(json.dumps(gen[system]))
+            have[system] = True
+        if args.roof_gib > 0 and system not in roofs:  # the disk's best rate over these files, in this run
+            roofs[system] = disk_roof(models.files(system, path[system]), int(args.roof_gib * C.GIB),
+                                      drop=lambda paths: C.drop_caches())
+            log(f"{system}: {roof_line(roofs[system])}")
 
     def delete(system):
         if args.keep:
@@ -251,8 +297,10 @@ def main(argv=None):
         if not args.keep:
             for b in bases:
                 delete(b)
-    write_result(args.out, dict(args=vars(args), generation=gen, results=results, sizes=sizes))
-    print(fmt_table(results))
+    write_result(args.out, dict(args=vars(args), generation=gen, results=results, sizes=sizes, disk_roofs=roofs))
+    for system, roof in roofs.items():
+        print(f"{system}: {roof_line(roof)}")
+    print(fmt_table(results, roofs))
     for s, g in gen.items():
         print(f"generated {s}: {g['total_bytes'] / GB:.1f} GB in {g['seconds']:.0f} s ({g['MBps']:.0f} MB/s, "
               f"load {g['load_avg']:.1f})")

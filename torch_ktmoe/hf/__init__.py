@@ -30,6 +30,11 @@ Entry points:
     Makes ``model.generate`` prefill eagerly and run each decode step compiled on the CPU with
     ``fullgraph=True`` over a static KV cache: one graph for every token and prompt (:mod:`.compiled`).
 
+``attach_next_layer_prefetch(model, *, k_prime=None, source="experts") -> (predicted, left)``
+    Each MoE layer predicts the next MoE layer's experts with that layer's router and reads them ahead while it
+    computes (while the experts do not fit in memory; ``patch_model`` / ``from_pretrained`` call it;
+    :mod:`.next_layer`).
+
 ``use_decode_attention(model) -> bool``
     Switches a model on ``"sdpa"`` attention to ``"ktmoe_decode"``: single-token decode as grouped fp32
     matmuls over the key/value heads, everything else SDPA (:mod:`.decode_attention`; compile_decode does it).
@@ -77,6 +82,7 @@ from .implementation import (
     implementation_options,
     register_experts_implementation,
 )
+from .next_layer import attach_next_layer_prefetch
 from .packed_dir import PackedDirError, save_packed
 from .patch import ExpertsBlock, PatchReport, RefusedBlock, find_experts_blocks, patch_model
 from .streaming import from_pretrained
@@ -87,6 +93,7 @@ __all__ = [
     "compile_decode",
     "pack_linears",
     "use_decode_attention",
+    "attach_next_layer_prefetch",
     "PackedLinears",
     "CompiledDecode",
     "CompileDecodeError",

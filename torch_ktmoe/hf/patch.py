@@ -53,7 +53,9 @@ class PatchReport:
     """What ``patch_model`` / ``from_pretrained`` did: the experts blocks replaced (the byte counts are the
     experts'), then the defaults of :mod:`.fast_defaults`: ``linears`` (``pack_linears``' report, None when the
     dense linears were left to torch), ``decode_attention`` (attention switched to ``"ktmoe_decode"``) and
-    ``defaults_left`` (``"pack_linears"`` / ``"decode_attention"`` -> why that default was not applied)."""
+    ``defaults_left`` (``"pack_linears"`` / ``"decode_attention"`` -> why that default was not applied); the
+    layers whose experts the previous MoE layer predicts and reads ahead (``next_layer_predicted``, :mod:`.next_layer`)
+    and why the others are not (``next_layer_left``; the first MoE layer has no previous one)."""
 
     layers_patched: list[int] = field(default_factory=list)  # layer_idx of each replaced experts block
     module_names: list[str] = field(default_factory=list)
@@ -65,6 +67,8 @@ class PatchReport:
     linears: PackedLinears | None = None
     decode_attention: bool = False
     defaults_left: dict[str, str] = field(default_factory=dict)
+    next_layer_predicted: list[int] = field(default_factory=list)  # layer_idx of each layer predicted (next_layer.py)
+    next_layer_left: dict[int, str] = field(default_factory=dict)  # layer_idx -> why it is not predicted
 
     @property
     def num_layers(self) -> int:
@@ -208,6 +212,10 @@ def patch_model(
     each where it keeps the outputs within the model dtype's rounding (:mod:`.fast_defaults`: bf16
     models pack, fp32 / fp16 ones keep torch's linears). The report says what was applied and why not;
     it is also stored as ``model.ktmoe_report``.
+
+    Each MoE layer then predicts the next one's experts with that layer's router and reads them ahead while it
+    computes, while the experts do not fit in memory (``next_layer_prefetch="auto"``, a KTMoE option like
+    ``prefetch``: ``True`` / ``False`` force it; :mod:`.next_layer`).
     """
     from .fast_defaults import apply_defaults, check_switches  # it imports this module
 
@@ -250,8 +258,16 @@ def patch_model(
     if not refused:
         mark_config(model)
     apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
+    attach_next_layer(model, report)
     model.ktmoe_report = report
     return report
+
+
+def attach_next_layer(model: nn.Module, report: PatchReport) -> None:
+    """Next-layer prefetch through the patched layers (:mod:`.next_layer`), recorded in ``report``."""
+    from .next_layer import attach_next_layer_prefetch
+
+    report.next_layer_predicted, report.next_layer_left = attach_next_layer_prefetch(model)
 
 
 def account(report: PatchReport, b: ExpertsBlock, ktm, dense_bytes: int) -> None:

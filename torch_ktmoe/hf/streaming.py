@@ -32,6 +32,7 @@ from .patch import (
     RefusedBlock,
     account,
     adapter_for,
+    attach_next_layer,
     find_experts_blocks,
     mark_config,
     model_dtype,
@@ -282,6 +283,7 @@ def from_pretrained(
 
     ``pack_linears`` / ``decode_attention``: as :func:`~torch_ktmoe.hf.patch_model`'s, applied after the
     experts (by default, where they keep the outputs within the model dtype's rounding: :mod:`.fast_defaults`).
+    Next-layer prefetch is wired as by ``patch_model`` (``ktmoe_kwargs={"next_layer_prefetch": ...}``).
     """
     check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
@@ -303,6 +305,7 @@ def from_pretrained(
         if not report.refused:
             mark_config(model)
     apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
+    attach_next_layer(model, report)
     release_free_heap()  # the dense staging buffers of the stream and the packed linears' dense weights, to the OS
     model.ktmoe_report = report
     return model

@@ -16,6 +16,15 @@ others are packed, into one :class:`torch_ktmoe.KTMoE` of ``E_cpu`` experts.
 ``topk_ids`` are mapped to CPU slots through a table (GPU experts -> -1, skipped).
 The CPU forward runs on one worker thread; ``torch.ops.ktmoe.moe_forward``
 releases the GIL, so the caller's GPU work overlaps it.
+
+Next-layer prefetch (:mod:`torch_ktmoe.next_layer`). sglang's model keeps each layer's router on the GPU and
+hands a wrapper only its own layer's inputs, so the wrapper reads the next MoE layer's router from the
+checkpoint itself (``{block}.gate.weight`` / ``router.weight``, its bias and ``e_score_correction_bias`` under
+the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``, ``"auto"``:
+while its file-backed experts do not fit). Before running its experts, a wrapper applies it to the
+hidden state it was given and reads the predicted experts that the next wrapper holds on the CPU ahead (logical
+ids -> that wrapper's CPU slots; GPU experts are not read). The next layer is the live wrapper of the next
+higher ``layer_idx`` in the process.
 """
 from __future__ import annotations
 
@@ -24,18 +33,22 @@ import hashlib
 import logging
 import os
 import re
+import json
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
 import torch
 
-from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, exact_group_size,
-                          load_experts, make_ktmoe, reader_experts, utf8_path)
+from .. import ops
+from ..checkpoint import (MOE_BLOCK_NAMES, SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint,
+                          exact_group_size, load_experts, make_ktmoe, reader_experts, utf8_path)
 from ..layer import KTMoE
+from ..next_layer import NextLayerPredictor
 from ..ops import GATED_ACTIVATIONS
 from ..ops import activation_params as activation_params_of
-from .checkpoint import check_weight_path, layer_experts
+from .checkpoint import LAYER_PREFIXES, check_weight_path, layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
@@ -87,6 +100,56 @@ def _gpu_mask(num_experts: int, num_gpu_experts, gpu_experts_mask) -> torch.Tens
     return mask
 
 
+SCORE_FUNCTIONS = {  # config.json scoring_func -> the score a bias-corrected router adds its bias to
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": lambda logits: torch.nn.functional.softplus(logits).sqrt(),
+    "softmax": lambda logits: logits.softmax(-1),
+}
+
+
+def next_router(wrapper: "KTMoEWrapper") -> tuple:
+    """``(router module, "")`` for ``wrapper``'s layer from its checkpoint (``weight`` [E, H], ``bias`` or
+    ``e_score_correction_bias`` and the config's ``scoring_func`` where it has them; a bias-free weight packed for
+    ``ktmoe::linear``), or ``(None, why not)``."""
+    names = [f"{lp.format(L=wrapper.layer_idx)}.{block}.{r}" for lp in LAYER_PREFIXES for block in MOE_BLOCK_NAMES
+             for r in ("gate", "router")]
+    with SafetensorsCheckpoint(wrapper.weight_path) as ckpt:
+        name = next((n for n in names if f"{n}.weight" in ckpt), None)
+        if name is None:
+            return None, f"no router weight in {wrapper.weight_path} (tried {names[0]}.weight and the like)"
+        if f"{name}.tid2eid" in ckpt:
+            return None, f"{name} is hash-routed: its experts follow the token ids, not the hidden state"
+        weight = ckpt.get(f"{name}.weight")
+        if not weight.is_floating_point() or tuple(weight.shape) != (wrapper.num_experts, wrapper.hidden_size):
+            return None, (f"{name}.weight is {weight.dtype} {tuple(weight.shape)}, not [E={wrapper.num_experts}, "
+                          f"H={wrapper.hidden_size}] floating point")
+        bias = ckpt.get(f"{name}.bias") if f"{name}.bias" in ckpt else None
+        correction = (ckpt.get(f"{name}.e_score_correction_bias").float()
+                      if f"{name}.e_score_correction_bias" in ckpt else None)
+    router = torch.nn.Module()
+    if bias is None:  # logits through ktmoe::linear; the weight only gives the shape
+        router.register_buffer("ktmoe_w_packed", ops.pack_linear(weight.to(torch.bfloat16)))
+        router.weight = torch.nn.Parameter(torch.empty(weight.shape, device="meta"), requires_grad=False)
+    else:
+        router.weight = torch.nn.Parameter(weight.float(), requires_grad=False)
+        router.bias = torch.nn.Parameter(bias.float(), requires_grad=False)
+    if correction is not None:
+        router.register_buffer("e_score_correction_bias", correction)
+        scoring = _config(wrapper.weight_path).get("scoring_func", "sigmoid")
+        if scoring not in SCORE_FUNCTIONS:
+            return None, f"config.json scoring_func {scoring!r} is none of {sorted(SCORE_FUNCTIONS)}"
+        router.score_fn = SCORE_FUNCTIONS[scoring]
+    return router, ""
+
+
+def _config(path: str) -> dict:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 class KTMoEWrapper:
     """CPU experts of one sglang MoE layer (see the module docstring for the call sequence).
 
@@ -98,7 +161,9 @@ class KTMoEWrapper:
     ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
     with a directory, the packed cache is reused across restarts); ``activation`` /
     ``activation_params`` the experts' gated activation, a row of ``ops.GATED_ACTIVATIONS`` (default
-    ``"silu"``; sglang 0.5.23's KT path passes none). Threads come from ATen's pool
+    ``"silu"``; sglang 0.5.23's KT path passes none); ``next_layer_prefetch`` (``"auto"``, ``True``, ``False``):
+    KTMoE's, whether the previous layer's wrapper reads this layer's predicted experts ahead (module docstring).
+    Threads come from ATen's pool
     (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
     ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
     any unknown keyword) are accepted and not used.
@@ -108,6 +173,7 @@ class KTMoEWrapper:
     _buffer_cache: dict = {}  # (shape, dtype) -> pinned host tensor for device -> CPU copies
     _executor: Optional[ThreadPoolExecutor] = None
     _executor_lock = threading.Lock()
+    _by_layer: "weakref.WeakValueDictionary[int, KTMoEWrapper]" = weakref.WeakValueDictionary()  # next layer
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, num_gpu_experts: Optional[int] = None,
@@ -115,7 +181,8 @@ class KTMoEWrapper:
                  weight_path: Optional[str] = None, chunked_prefill_size: Optional[int] = None,
                  method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
                  cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
-                 activation: str = "silu", activation_params: Optional[dict] = None, **unused):
+                 activation: str = "silu", activation_params: Optional[dict] = None,
+                 next_layer_prefetch="auto", **unused):
         if unused:
             log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
         if max_deferred_experts_per_token:
@@ -145,6 +212,11 @@ class KTMoEWrapper:
         self.mmap_experts_dir = utf8_path(mmap_dir, "KTMoEWrapper: mmap_experts_dir") if mmap_dir else None
         self.moe: Optional[KTMoE] = None
         self._pending: Optional[Future] = None
+        self.next_layer_prefetch = next_layer_prefetch
+        self._slot_of_logical: Optional[torch.Tensor] = None  # [E] int64: CPU slot of each logical expert, or -1
+        self._predictor = None  # the next layer's NextLayerPredictor; None: not made yet, False: none
+        self._following = None  # weakref to the next layer's wrapper, once found loaded
+        KTMoEWrapper._by_layer[self.layer_idx] = self
         log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
                  self.weight_format, self.num_cpu_experts, self.num_experts,
                  f"file-backed in {self.mmap_experts_dir}" if self.mmap_experts_dir else "anonymous memory")
@@ -177,7 +249,14 @@ class KTMoEWrapper:
         return ((self.num_cpu_experts, self.top_k, self.hidden_size, self.intermediate_size),
                 dict(mmap_experts_dir=self.mmap_experts_dir, weight_format=self.weight_format,
                      layer_idx=self.layer_idx, activation=self.activation, activation_params=self.activation_params,
+                     next_layer_prefetch=self.next_layer_prefetch,
                      **({"group_size": group_size} if group_size else {})))
+
+    def _map_slots(self, ids: List[int]) -> None:
+        """Remembers the CPU slot of each logical expert (``ids[slot]`` is the slot's logical expert)."""
+        slots = torch.full((self.num_experts,), -1, dtype=torch.int64)
+        slots[torch.tensor(ids, dtype=torch.int64)] = torch.arange(len(ids), dtype=torch.int64)
+        self._slot_of_logical = slots
 
     def load_weights(self, physical_to_logical_map=None) -> None:
         """Read this layer's CPU experts from ``weight_path`` and pack them, one expert at a time.
@@ -197,6 +276,7 @@ class KTMoEWrapper:
             args, kwargs = self._ktmoe_args(group)
             self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format, group), source=source,
                                     key=f"experts:{experts}", **kwargs)
+        self._map_slots(ids)
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
                                   physical_to_logical_map=None) -> None:
@@ -219,6 +299,7 @@ class KTMoEWrapper:
                                       as_kernel_input(up_proj[sel], name="up_proj"),
                                       as_kernel_input(down_proj[sel], name="down_proj"))
         self.moe = moe
+        self._map_slots(ids if n >= self.num_experts else self.cpu_physical.tolist())
 
     @contextlib.contextmanager
     def _naming_bad_expert(self, ids: List[int], where: str):
@@ -303,7 +384,34 @@ class KTMoEWrapper:
             ready.synchronize()
             x = x if x.dtype in _KERNEL_DTYPES else x.float()
         with torch.no_grad():
+            predictor = self._next_layer_predictor()
+            if predictor is not None:
+                predictor(x)  # the next layer's likely experts, read ahead while these compute
             return self.moe(x, ids, weights)
+
+    # ---------------------------------------------------------------- next-layer prefetch
+    def _next_layer_predictor(self) -> Optional[NextLayerPredictor]:
+        """The next layer's predictor, made the first time that layer reads ahead (module docstring)."""
+        if self._predictor is None:
+            following = self._following() if self._following is not None else None
+            if following is None:
+                following = min((w for i, w in list(KTMoEWrapper._by_layer.items()) if i > self.layer_idx),
+                                key=lambda w: w.layer_idx, default=None)
+                if following is None or following.moe is None or following._slot_of_logical is None:
+                    return None  # not loaded yet: asked again next forward
+                self._following = weakref.ref(following)
+            if not following.moe.next_layer_prefetching:
+                if following.moe.next_layer_prefetch_mode is False:
+                    self._predictor = False
+                return None
+            router, reason = next_router(following)
+            if router is None:
+                log.info("KTMoEWrapper(layer %d): no next-layer prefetch of layer %d: %s", self.layer_idx,
+                         following.layer_idx, reason)
+                self._predictor = False
+            else:
+                self._predictor = NextLayerPredictor(router, following.moe, id_map=following._slot_of_logical)
+        return self._predictor or None
 
     @classmethod
     def _worker(cls) -> ThreadPoolExecutor:

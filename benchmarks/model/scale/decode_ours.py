@@ -9,7 +9,9 @@ transformers' own (DynamicCache) unless the variables below say otherwise. Token
 one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
 seeded sequence, as in the llama.cpp harness, so the router sees the same kind of inputs in both.
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
-Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults), and the routing counts.
+Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults, cumulative disk figures ``io``:
+read_bytes, residency hits / misses / bytes and seconds waited, the next-layer predictor's routed / found), and
+the routing counts.
 
 KTMOE_SCALE_PACK_LINEARS=1: hf.pack_linears(model) after loading (the dense layers outside the experts
 through ktmoe's bf16 gemm; bench_e2e --pack-linears sets it). KTMOE_SCALE_DECODE_ATTENTION=1:
@@ -34,6 +36,17 @@ import time
 def faults():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_majflt, r.ru_minflt
+
+
+def io_counters(model) -> dict:
+    """Cumulative disk figures: the process's read_bytes (/proc/self/io) and the residency report's totals
+    (hits / misses, bytes read and seconds while the layers waited, the next-layer predictor's routed / found)."""
+    from torch_ktmoe import residency_report
+    from torch_ktmoe.residency import process_read_bytes
+
+    r = residency_report(model)
+    return dict(read_bytes=process_read_bytes(), hits=r["hits"], misses=r["misses"], wait_bytes=r["read_bytes"],
+                wait_s=r["read_seconds"], routed=r["predicted_routed"], found=r["predicted_found"])
 
 
 def emit(**kw):
@@ -119,7 +132,8 @@ def main():
         l.mlp.experts.register_forward_pre_hook(t_pre, prepend=True)
         l.mlp.experts.register_forward_hook(t_post)
     maj, mnr = faults()
-    emit(event="loaded", prefetch=prefetch, prefetching=prefetching, load_s=time.time() - t0, majflt=maj, minflt=mnr, t=time.time())
+    emit(event="loaded", prefetch=prefetch, prefetching=prefetching, load_s=time.time() - t0, majflt=maj, minflt=mnr,
+         t=time.time(), io=io_counters(model))
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -131,7 +145,8 @@ def main():
             best = int(out.logits[0, -1].argmax())
             t2 = time.time()
             maj, mnr = faults()
-            emit(i=i, dt=t2 - t1, majflt=maj, minflt=mnr, argmax=best, t=t2, experts_s=expert_s[0])
+            emit(i=i, dt=t2 - t1, majflt=maj, minflt=mnr, argmax=best, t=t2, experts_s=expert_s[0],
+                 io=io_counters(model))
             expert_s[0] = 0.0
     emit(event="routing", counts=counts.tolist())
 

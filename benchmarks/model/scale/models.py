@@ -61,6 +61,13 @@ def disk_bytes(system: str, path: str) -> int:
     return C.dir_bytes(path) if system == "ours" else os.path.getsize(path)
 
 
+def files(system: str, path: str) -> list:
+    """The model's files (ours: every file of the packed directory, by name; llama: the GGUF)."""
+    if system != "ours":
+        return [path]
+    return sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+
+
 def generate(system: str, path: str, layers: int) -> dict:
     """Writes the model (replacing what is at `path`); returns the generator's report (bytes, seconds, MB/s)
     plus the load average at its end. Exits the benchmark if the generator fails."""

@@ -1,0 +1,215 @@
+"""Decode that waits on the disk, against the disk's roof measured in the same run: a stack of file-backed layers.
+
+Run (root, cgroup v1): python -m benchmarks.memory.bench_disk_bound [--layers 24] [--limit-mib 1024] [--tokens 16]
+
+A stack of ``--layers`` int8 KTMoE layers (``--experts`` 32, top ``--top-k`` 8, H=2048, I=512: ~120 MB packed a
+layer, 2.9 GB in all), packed once into kept cache files, each with a random router ``[E, H]``; "zipf" adds a
+per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
+goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
+the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
+k' = ``--k-prime``, default 2k) and reads them ahead. Per routing, one child process inside a fresh
+``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
+(``POSIX_FADV_DONTNEED``), maps the files (KTMoE defaults: ``prefetch="auto"``, ``next_layer_prefetch="auto"``:
+on, the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
+measured tokens: tok/s, the disk rate while the layers waited on it (``residency_report``: read_bytes / the
+forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
+of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per
+token, the routed experts' hit rate and the predictor's recall.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from benchmarks.baselines.disk_roof import disk_rates, disk_roof, roof_line
+from ktmoe_harness.memcg import run_in_memory_cgroup
+
+MiB = 1 << 20
+ROUTINGS = ("uniform", "zipf")
+
+CHILD = r"""
+import sys
+from benchmarks.memory.bench_disk_bound import decode
+decode(*sys.argv[1:])
+"""
+
+
+def shape(args) -> dict:
+    return dict(num_experts=args.experts, top_k=args.top_k, hidden_size=args.hidden,
+                intermediate_size=args.intermediate)
+
+
+def fingerprint(layer: int) -> str:
+    return f"bench_disk_bound layer {layer}"
+
+
+def pack(directory: str, layers: int, dims: dict, threads: int) -> list:
+    """Packs the stack (int8, kept cache files) and its routers; returns the experts files."""
+    import torch
+
+    from torch_ktmoe import KTMoE
+
+    torch.set_num_threads(threads)
+    E, H, I = dims["num_experts"], dims["hidden_size"], dims["intermediate_size"]
+    gen = torch.Generator().manual_seed(0)
+    routers = []
+    for layer in range(layers):
+        ktm = KTMoE(**dims, weight_format="int8", mmap_experts_dir=directory, layer_idx=layer, numa_parts=1,
+                    warm="none")
+        if not ktm.try_load_cached(fingerprint(layer)):
+            gate_up = (torch.randn(E, 2 * I, H, generator=gen) * H ** -0.5).bfloat16()
+            down = (torch.randn(E, H, I, generator=gen) * I ** -0.5).bfloat16()
+            ktm.load_weights(gate_up, down, fingerprint=fingerprint(layer))
+            del gate_up, down
+        routers.append(torch.randn(E, H, generator=gen) * H ** -0.5)  # logits ~N(0, 1) on a unit-rms state
+        del ktm
+    torch.save(torch.stack(routers), os.path.join(directory, "routers.pt"))
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".ktmoe"))
+
+
+def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: str, threads: str, k_prime: str,
+           out: str) -> None:
+    """The child: maps the stack, decodes, writes its figures to ``out`` (see the module)."""
+    import resource
+    import time
+
+    import torch
+    from torch import nn
+
+    import torch_ktmoe
+    from torch_ktmoe import KTMoE
+    from torch_ktmoe.next_layer import NextLayerPredictor
+    from torch_ktmoe.residency import process_read_bytes
+
+    torch.set_num_threads(int(threads))
+    dims = json.loads(dims_json)
+    routers = torch.load(os.path.join(directory, "routers.pt"))
+    layers = []
+    for layer in range(routers.shape[0]):
+        ktm = KTMoE(**dims, weight_format="int8", mmap_experts_dir=directory, layer_idx=layer, numa_parts=1,
+                    cache="map", residency=True)
+        if not ktm.try_load_cached(fingerprint(layer)):
+            raise SystemExit(f"layer {layer}: no valid cache file in {directory}: {ktm.cache_events}")
+        layers.append(ktm)
+    E, k = dims["num_experts"], dims["top_k"]
+    bias = -torch.log(torch.arange(1, E + 1, dtype=torch.float32)) * 2.0 if routing == "zipf" else torch.zeros(E)
+    gates = []
+    for w in routers:
+        gate = nn.Module()
+        gate.weight = nn.Parameter(w, requires_grad=False)
+        gate.bias = nn.Parameter(bias.clone(), requires_grad=False)
+        gates.append(gate)
+    predictors = [NextLayerPredictor(gates[i + 1], layers[i + 1], int(k_prime) or None)
+                  for i in range(len(layers) - 1)] + [None]
+    model = nn.ModuleList(layers)
+    gen = torch.Generator().manual_seed(1)
+
+    @torch.no_grad()
+    def token():
+        x = torch.randn(1, dims["hidden_size"], generator=gen)
+        for ktm, gate, predict in zip(layers, gates, predictors):
+            logits = torch.nn.functional.linear(x, gate.weight, gate.bias)
+            w, ids = torch.topk(torch.softmax(logits, -1), k, -1)
+            if predict is not None:
+                predict(x)  # the next layer's experts, read ahead while this one computes
+            x = x + ktm(x, ids, w)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    for _ in range(int(warmup)):
+        token()
+    torch_ktmoe.residency_report(model, reset=True)
+    read0, faults0, t0 = process_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, time.perf_counter()
+    n = int(tokens)
+    for _ in range(n):
+        token()
+    seconds = time.perf_counter() - t0
+    r = torch_ktmoe.residency_report(model)
+    json.dump(dict(tok_s=n / seconds, decode_s=seconds, read_bytes=process_read_bytes() - read0,
+                   major_faults_per_token=(resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0) / n,
+                   residency={k: v for k, v in r.items() if k != "per_layer"},
+                   prefetching=all(m.prefetching for m in layers),
+                   next_layer_prefetching=all(m.next_layer_prefetching for m in layers),
+                   recall_per_layer=[s["recall"] for s in r["per_layer"].values()]), open(out, "w"))
+
+
+def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
+    if "tok_s" not in res:
+        return f"| {routing} | failed (rc {res.get('returncode')}) | | | | | | | | {load:.1f} |"
+    r = res["residency"]
+    waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
+    overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    return (f"| {routing} | {res['tok_s']:.2f} | "
+            f"{fmt(waiting['GBps'], '.2f')} ({fmt(waiting['pct_of_roof'], '.0f')} %) | "
+            f"{fmt(overall['GBps'], '.2f')} ({fmt(overall['pct_of_roof'], '.0f')} %) | "
+            f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
+            f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
+            f"{res['next_layer_prefetching']} | {load:.1f} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--limit-mib", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--routings", default=",".join(ROUTINGS))
+    ap.add_argument("--k-prime", type=int, default=0, help="experts the next-layer predictor names per token "
+                    "(0: 2k)")
+    ap.add_argument("--roof-gib", type=float, default=2.0, help="bytes the disk roof reads per pattern")
+    ap.add_argument("--workdir", default=None, help="where the packed stack goes (default: a temporary directory "
+                    "under /var/tmp: a real disk, not tmpfs); kept if given")
+    args = ap.parse_args(argv)
+    work = args.workdir or tempfile.mkdtemp(prefix="ktmoe-disk-bound-", dir="/var/tmp")
+    os.makedirs(work, exist_ok=True)
+    dims = shape(args)
+    try:
+        files = pack(work, args.layers, dims, args.threads)
+        packed = sum(os.path.getsize(f) for f in files)
+        roof = disk_roof(files, int(args.roof_gib * (1 << 30)))
+        results = {}
+        for routing in [r for r in args.routings.split(",") if r]:
+            out = os.path.join(work, f"{routing}.json")
+            print(f"[{routing}] ...", file=sys.stderr, flush=True)
+            from benchmarks.baselines.disk_roof import drop_file_pages
+
+            drop_file_pages(files)  # cold: every expert comes from the disk at first
+            res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
+                                       [work, json.dumps(dims), routing, args.warmup, args.tokens, args.threads,
+                                        args.k_prime, out],
+                                       timeout=1800)
+            load = os.getloadavg()[0]
+            if res.returncode == 0:
+                with open(out) as f:
+                    results[routing] = json.load(f)
+            else:
+                results[routing] = {"returncode": res.returncode, "stderr": res.stderr[-800:]}
+                print(res.stderr[-800:], file=sys.stderr)
+            results[routing]["load"] = load
+        print(f"\n{args.layers} int8 layers x {args.experts} experts (top-{args.top_k}, H={args.hidden}, "
+              f"I={args.intermediate}): {packed / 1e9:.2f} GB packed, file-backed, under a {args.limit_mib} MiB "
+              f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
+              f"{args.threads} threads")
+        print(roof_line(roof) + "\n")
+        print("| routing | tok/s | disk GB/s while waiting (% of best) | disk GB/s over decode (% of best) | "
+              f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or 2 * args.top_k}) | "
+              "prefetch / next-layer | "
+              "load avg |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        for routing, res in results.items():
+            print(row(routing, res, roof, args.tokens, res["load"]))
+        return 0
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

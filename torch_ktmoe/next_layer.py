@@ -1,0 +1,146 @@
+"""Next-layer prefetch: while MoE layer L computes, guess the experts layer L+1 will route to and read them ahead.
+
+[NOTE] What is predicted, from what, and what it costs
+-------------------------------------------------------
+The residual stream changes little from one layer to the next, so layer L+1's router applied to a hidden state of
+layer L picks most of the experts L+1 will pick (training-free: nothing is learned). :class:`NextLayerPredictor`
+holds layer L+1's router weight (and bias) and its :class:`~torch_ktmoe.KTMoE`; called with the hidden state
+entering layer L's experts (``[T, H]``, before they run), it computes
+
+* ``logits = x @ W_{L+1}^T (+ b)`` (``ktmoe::linear`` when the router was packed by ``pack_linears``),
+* the choice score: the logits themselves when the router picks its top-k by softmax or by the raw logits (both
+  keep the logits' order: Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss); with an ``e_score_correction_bias`` (DeepSeek-V3
+  / V4), ``score_fn(logits) + bias`` with the router's ``score_fn`` (sigmoid where it has none). Group-limited
+  selection (DeepSeek-V3's ``n_group`` / ``topk_group``) is **not** applied: a plain top-k' over all experts,
+  a superset-leaning guess;
+* the top-k' experts of each token (k' = 2k by default), their union over the tokens, and
+  ``torch_ktmoe.expert_reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
+  pool's I/O threads, so the disk works while layer L's experts compute. It only reads into the page cache:
+  every output is the same with and without it.
+
+It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: ``"auto"``, while its
+file-backed experts do not fit in memory, the decision of ``prefetch="auto"``), never inside a compiled graph
+(``torch.compiler.is_compiling()``), and never for a hash-routed layer (DeepSeek-V4's first layers: their experts
+follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a top-k' and a
+``unique`` per layer and forward (measured in docs/memory.md).
+
+Recall. The predicted ids wait on layer L+1 (:class:`PredictionRecall`); its next forward compares them with the
+ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),
+shown by :meth:`torch_ktmoe.KTMoE.residency_stats` and :func:`torch_ktmoe.residency_report`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import expert_reads, ops
+
+__all__ = ["NextLayerPredictor", "PredictionRecall", "router_refusal", "NEXT_LAYER_MODES"]
+
+NEXT_LAYER_MODES = ("auto", True, False)
+RECALL_COUNTERS = ("predicted_forwards", "predicted_routed", "predicted_found")
+
+
+class PredictionRecall:
+    """The predictions waiting on one layer and how many of its routed experts they named (see the module)."""
+
+    def __init__(self):
+        self.pending: Optional[torch.Tensor] = None  # [T, k'] ids predicted for the next forward
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = dict.fromkeys(RECALL_COUNTERS, 0)
+
+    def expect(self, predicted: torch.Tensor) -> None:
+        self.pending = predicted
+
+    def observe(self, topk_ids: torch.Tensor) -> None:
+        """Compares the pending prediction with ``topk_ids`` [T, k] (or [B, S, k]) and drops it; a prediction for
+        another number of tokens (a forward that never reached this layer) is dropped uncounted."""
+        predicted, self.pending = self.pending, None
+        routed = topk_ids.reshape(-1, topk_ids.shape[-1])
+        if predicted is None or predicted.shape[0] != routed.shape[0]:
+            return
+        valid = routed >= 0
+        found = (routed.unsqueeze(-1) == predicted.unsqueeze(1)).any(-1) & valid
+        c = self.counts
+        c["predicted_forwards"] += 1
+        c["predicted_routed"] += int(valid.sum())
+        c["predicted_found"] += int(found.sum())
+
+    def stats(self) -> dict:
+        c = dict(self.counts)
+        c["recall"] = c["predicted_found"] / c["predicted_routed"] if c["predicted_routed"] else None
+        return c
+
+
+def router_refusal(router: nn.Module) -> Optional[str]:
+    """Why ``router``'s choice cannot be predicted from a hidden state, or None."""
+    if hasattr(router, "tid2eid"):
+        return "hash-routed: its experts follow the token ids, not the hidden state"
+    weight = getattr(router, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.numel() == 0:
+        if hasattr(router, "ktmoe_w_packed") or (hasattr(router, "w_packed") and hasattr(router, "out_features")):
+            return None
+        return f"{type(router).__name__} has no 2-D weight [E, H]"
+    return None
+
+
+class NextLayerPredictor:
+    """Predicts the experts of ``target`` (layer L+1's KTMoE) with ``router`` (layer L+1's router module) from
+    layer L's hidden state and reads them ahead; see the module. ``k_prime``: experts predicted per token
+    (default 2k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
+    row, -1 where it holds none (sglang's CPU slots; None: the same ids). Called as
+    ``predictor(hidden_states [..., H])``; returns nothing."""
+
+    def __init__(self, router: nn.Module, target: nn.Module, k_prime: Optional[int] = None,
+                 id_map: Optional[torch.Tensor] = None):
+        reason = router_refusal(router)
+        if reason is not None:
+            raise ValueError(f"cannot predict layer {target.layer_idx} from {type(router).__name__}: {reason}")
+        self.router, self.target, self.id_map = router, target, id_map
+        k_prime = 2 * target.top_k if k_prime is None else int(k_prime)
+        if k_prime < 1:
+            raise ValueError(f"k_prime must be >= 1, got {k_prime}")
+        rows = target.num_experts if id_map is None else id_map.numel()
+        self.k_prime = min(k_prime, rows)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, E]: the router's logits (its packed copy when pack_linears packed it)."""
+        r = self.router
+        packed = getattr(r, "ktmoe_w_packed", None)
+        if packed is not None:  # a transformers router packed by hf.pack_router (it keeps .weight too)
+            return ops.linear(x, packed, r.weight.shape[0], None)
+        weight = getattr(r, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.numel() == 0:  # a KTLinear router: the module is the linear
+            return r(x)
+        bias = getattr(r, "bias", None)
+        return F.linear(x.to(weight.dtype), weight, bias if isinstance(bias, torch.Tensor) else None)
+
+    def choice(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores the router takes its top-k of (see the module; no group limit)."""
+        bias = getattr(self.router, "e_score_correction_bias", None)
+        if not isinstance(bias, torch.Tensor):
+            return logits  # softmax-then-top-k, top-k-then-softmax and raw logits keep the order
+        score_fn = getattr(self.router, "score_fn", torch.sigmoid)
+        return score_fn(logits.float()) + bias
+
+    def predict(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [T, k'] the target's expert ids, best first (-1: a router row the target does not hold)."""
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        ids = torch.topk(self.choice(self.logits(x)), self.k_prime, dim=-1).indices
+        return ids if self.id_map is None else self.id_map[ids]
+
+    def __call__(self, hidden_states: torch.Tensor) -> None:
+        if torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
+            return
+        with torch.no_grad():
+            predicted = self.predict(hidden_states)
+            self.target.next_layer_recall.expect(predicted)
+            experts = torch.unique(predicted)
+            experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
+            for w13, w2 in self.target.packed_tensors():
+                expert_reads.read_ahead_experts(w13, w2, experts)
