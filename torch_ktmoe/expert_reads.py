@@ -7,10 +7,12 @@ never read ahead, starts none), drops duplicate and, past 8 GiB queued, the olde
 blocks a caller), records a failed or short read (a truncated file) as an error in :func:`reader_pool_stats`,
 stops at interpreter exit and starts anew in a forked child.
 
-Who uses it: ``moe_forward(prefetch=True)`` (``KTMoE(prefetch=...)``) queues the routed experts before it
-computes; the background warm (``warm="auto"``, ``WeightArena.prefault``) reads its 64 MiB steps through
-it, one step ahead; :func:`read_ahead_experts` is the same read for any caller (e.g. a layer's likely
-experts, one layer ahead).
+Who uses it: the background warm (``warm="auto"``, ``WeightArena.prefault``) reads its 64 MiB steps
+through it, one step ahead, and :func:`read_ahead_experts` queues a layer's experts for any caller that
+knows them ahead of the compute (the next-layer prefetch: a layer's likely experts, one layer ahead).
+``moe_forward(prefetch=True)`` (``KTMoE(prefetch=...)``) does not: for the experts it is about to compute
+it asks the kernel (``MADV_WILLNEED``), which queues all their reads at once (``csrc/ops/expert_reads.h``
+gives the measurement).
 """
 from ._native import _C
 
@@ -38,8 +40,8 @@ def reader_pool_stats() -> dict:
 
 def set_reader_threads(threads: int) -> None:
     """Threads of the pool's next start (stops a running pool, dropping its queue); 0 turns the pool off:
-    read-ahead falls back to ``MADV_WILLNEED`` from the compute thread, and warms read one step at a
-    time... through nothing (the populate faults them in)."""
+    :func:`read_ahead_experts` falls back to ``MADV_WILLNEED`` from the calling thread, and a warm's
+    populate faults its steps in itself."""
     _C.reader_pool_set_threads(int(threads))
 
 

@@ -51,7 +51,17 @@ void forget_pool_in_child() { ReaderPool::instance().forget_after_fork(); }
 // ------------------------------------------------------------------ ReadFile, ReadBatch
 
 std::shared_ptr<const ReadFile> ReadFile::dup_of(int fd, std::string* error) {
-  const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // A description of its own (reopened through /proc, which also works for an unlinked file): its
+  // POSIX_FADV_RANDOM turns off the kernel's readahead for the pool's reads only, so a piece reads
+  // exactly its bytes (with the shared description, each 1 MiB pread also read ahead past the expert:
+  // ~1.8x the bytes on the decode benchmark) and the arena's own descriptor keeps its mode.
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  int copy = ::open(link.c_str(), O_RDONLY | O_CLOEXEC);
+  if (copy >= 0) {
+    ::posix_fadvise(copy, 0, 0, POSIX_FADV_RANDOM);
+  } else {
+    copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);  // no /proc: a shared description, with its readahead
+  }
   if (copy < 0) {
     if (error) *error = errno_text("dup of the arena's file");
     return nullptr;

@@ -14,7 +14,8 @@
 //     hull); one covered by a piece in flight is dropped.
 //   * Bounded: at most kMaxQueuedPieces wait; beyond that the oldest are dropped (counted). read() never
 //     blocks on the disk.
-//   * Files: a request holds a ReadFile (its own dup of the fd), so a file stays open while any of its
+//   * Files: a request holds a ReadFile (the file reopened through /proc/self/fd with POSIX_FADV_RANDOM:
+//     a piece reads exactly its bytes, no readahead past them; a plain dup where /proc is missing), so a file stays open while any of its
 //     pieces is queued or in flight, whatever the arena that asked does meanwhile. drop_file() forgets the
 //     queued pieces of a file (its arena is going).
 //   * Errors: a failed pread, or end of file before a piece's end (a truncated file), ends that piece with
@@ -42,10 +43,10 @@
 
 namespace ktmoe {
 
-// A file the pool reads: its own dup of an fd, closed when the last request holding it ends.
+// A file the pool reads: its own descriptor of an fd's file, closed when the last request holding it ends.
 class ReadFile {
  public:
-  // nullptr with *error when dup fails.
+  // The file of fd, reopened (POSIX_FADV_RANDOM on the new description) or else dup'd; nullptr with *error.
   static std::shared_ptr<const ReadFile> dup_of(int fd, std::string* error);
   ~ReadFile();
   ReadFile(const ReadFile&) = delete;

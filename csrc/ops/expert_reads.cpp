@@ -1,4 +1,5 @@
-// [NOTE] read_ahead_experts (see expert_reads.h): routed rows -> reader pool requests, or MADV_WILLNEED.
+// [NOTE] advise_experts and read_ahead_experts (see expert_reads.h): routed rows -> MADV_WILLNEED, or
+// reader pool requests.
 #include "ops/expert_reads.h"
 
 #include <utility>
@@ -31,8 +32,10 @@ bool queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
 
 }  // namespace
 
-void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
-  std::vector<bool> seen(size_t(w13.size(0)), false);
+namespace {
+
+std::vector<int64_t> distinct_experts(int64_t num_experts, const int64_t* ids, int64_t n) {
+  std::vector<bool> seen(size_t(num_experts), false);
   std::vector<int64_t> experts;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t e = ids[i];
@@ -40,18 +43,30 @@ void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64
     seen[size_t(e)] = true;
     experts.push_back(e);
   }
-  if (experts.empty()) return;
-  if (ReaderPool::instance().threads() > 0) {
-    // anonymous or foreign memory: no file to read (and no WILLNEED either: nothing to gain)
-    queue_rows(w13, experts);
-    queue_rows(w2, experts);
-    return;
-  }
-  for (const at::Tensor* w : {&w13, &w2}) {  // the pool is off: the kernel's readahead, from this thread
+  return experts;
+}
+
+void advise(const at::Tensor& w13, const at::Tensor& w2, const std::vector<int64_t>& experts) {
+  for (const at::Tensor* w : {&w13, &w2}) {
     const auto* p = w->data_ptr<uint8_t>();
     const int64_t row = w->size(1);
     for (int64_t e : experts) read_ahead(p + e * row, row);
   }
+}
+
+}  // namespace
+
+void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
+  advise(w13, w2, distinct_experts(w13.size(0), ids, n));
+}
+
+void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
+  const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
+  if (experts.empty()) return;
+  if (ReaderPool::instance().threads() == 0) return advise(w13, w2, experts);  // the pool is off
+  // anonymous or foreign memory: no file to read (and nothing for WILLNEED to gain either)
+  queue_rows(w13, experts);
+  queue_rows(w2, experts);
 }
 
 void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& expert_ids) {

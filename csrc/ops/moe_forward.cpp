@@ -9,12 +9,12 @@
 // own format (packed_format.h headers), so the op takes no format argument.
 // hidden_states may be fp32, bf16 or fp16 (converted row by row in the kernel's
 // activation prep, never as a full copy here); out has its dtype.
-// prefetch=true first queues every routed expert's packed rows to the reader pool
-// (ops/expert_reads.h: asynchronous, several reads in flight on the pool's I/O
-// threads; MADV_WILLNEED from this thread when the pool is off): cold experts of
-// file-backed weights then come from disk together instead of one page fault at
-// a time in the header checks and the gemms (KTMoE turns it on when its experts
-// do not fit in RAM). Outputs do not depend on it.
+// prefetch=true first asks the kernel to read every routed expert's packed rows
+// (MADV_WILLNEED, asynchronous; ops/expert_reads.h says why this and not the
+// reader pool here): cold experts of file-backed weights then come from disk
+// together, as queued readahead, instead of one page fault at a time in the
+// header checks and the gemms (KTMoE turns it on when its experts do not fit in
+// RAM). Outputs do not depend on it.
 // Order: checks -> shapes -> scratch (normalised inputs, output) -> dispatch to
 // the torch-free driver with the active ISA's micro-kernels and ATen's pool.
 #include <ATen/ATen.h>
@@ -116,7 +116,7 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   TORCH_CHECK(ids_max < experts, "ktmoe::moe_forward: topk_ids holds expert id ", ids_max,
               " but the packed weights have only ", experts, " experts (ids must be < ", experts,
               "; negative ids mean 'skip')");
-  if (prefetch) read_ahead_experts(w13, w2, ids.data_ptr<int64_t>(), ids.numel());  // before the headers fault
+  if (prefetch) advise_experts(w13, w2, ids.data_ptr<int64_t>(), ids.numel());  // before the headers fault
   check_routed_headers(w13, "w13", ids.data_ptr<int64_t>(), ids.numel());
   check_routed_headers(w2, "w2", ids.data_ptr<int64_t>(), ids.numel());
   // dispatch
