@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "arena/page_cache.h"
+#include "arena/reader_pool.h"
 #include "ops/arena_tensor.h"
+#include "ops/expert_reads.h"
 #include "python_bindings.h"
 
 namespace ktmoe {
@@ -87,6 +89,54 @@ py::list live_arenas() {
   return out;
 }
 
+py::dict reader_pool_stats() {
+  const ReaderPoolStats s = ReaderPool::instance().stats();
+  py::dict d;
+  d["threads"] = s.threads;
+  d["threads_running"] = s.threads_running;
+  d["requests"] = s.requests;
+  d["pieces_queued"] = s.pieces_queued;
+  d["pieces_read"] = s.pieces_read;
+  d["bytes_read"] = s.bytes_read;
+  d["duplicates"] = s.duplicates;
+  d["dropped"] = s.dropped;
+  d["errors"] = s.errors;
+  d["last_error"] = s.last_error;
+  d["queued_now"] = s.queued_now;
+  d["in_flight_now"] = s.in_flight_now;
+  d["busy_s"] = double(s.busy_ns) * 1e-9;
+  d["thread_busy_s"] = double(s.thread_busy_ns) * 1e-9;
+  return d;
+}
+
+// The reader pool (arena/reader_pool.h, ops/expert_reads.h): its reads, statistics and threads.
+void bind_reader_pool(py::module_& m) {
+  m.def("read_ahead_experts", [](const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& expert_ids) {
+    read_ahead_experts(w13, w2, expert_ids);
+  }, py::arg("w13"), py::arg("w2"), py::arg("expert_ids"), py::call_guard<py::gil_scoped_release>(),
+        "queue the listed experts' packed rows (w13, w2 of file-backed arenas) to the reader pool; returns at once");
+  m.def("reader_pool_stats", &reader_pool_stats,
+        "the reader pool's counters: threads, threads_running, requests, pieces_*, bytes_read, duplicates, dropped, "
+        "errors, last_error, queued_now, in_flight_now, busy_s (wall time with a read in flight), thread_busy_s");
+  m.def("reader_pool_set_threads", [](int n) { ReaderPool::instance().set_threads(n); }, py::arg("threads"),
+        py::call_guard<py::gil_scoped_release>(),
+        "threads of the next start (0: pool off, read-ahead by MADV_WILLNEED); stops a running pool first");
+  m.def("reader_pool_stop", [] { ReaderPool::instance().stop(); }, py::call_guard<py::gil_scoped_release>(),
+        "drop the queued reads and join the pool's threads (the next read starts them again)");
+  m.def("reader_pool_read_file", [](const PyArena& a, int64_t offset, int64_t bytes) {
+    std::string error;
+    auto file = a.arena->read_file(&error);
+    if (!file) throw std::runtime_error(error);
+    ReaderPool::instance().read(file, {{offset, bytes}});
+  }, py::arg("arena"), py::arg("offset"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>(),
+        "queue [offset, offset + bytes) of the arena's backing file to the reader pool (benchmarks, tests)");
+  // interpreter exit: the threads stop before Python tears down (their pieces need nothing of Python)
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release release;
+    ReaderPool::instance().stop();
+  }));
+}
+
 }  // namespace
 
 PyArenaClass bind_arena(py::module_& m) {
@@ -156,6 +206,7 @@ PyArenaClass bind_arena(py::module_& m) {
     }
     return py::make_tuple(hits, misses);
   }, py::arg("packed"), py::arg("ids"));
+  bind_reader_pool(m);
   return c;
 }
 

@@ -1,9 +1,11 @@
-// [NOTE] Prefaulter (see prefaulter.h): the 64 MiB steps of a warm, on this thread or one I/O thread.
+// [NOTE] Prefaulter (see prefaulter.h): the 64 MiB steps of a warm, on this thread or one background
+// thread; the reads of a step not in the page cache go to the reader pool, one step ahead.
 #include "arena/prefaulter.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <new>
 
@@ -21,45 +23,67 @@ constexpr int64_t kPrefaultStep = int64_t(64) << 20;
 
 }  // namespace
 
-void Prefaulter::work(const std::vector<FileSpan>& spans, int fd) {
+std::string Prefaulter::wait_reads(const std::shared_ptr<ReadBatch>& batch) {
+  while (!batch->wait_for(std::chrono::milliseconds(20)))
+    if (stop_.load()) return "stopped";
+  return batch->error();
+}
+
+void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<const ReadFile>& file) {
+  struct Step {
+    char* addr;
+    int64_t bytes, offset;
+    std::shared_ptr<ReadBatch> reads;  // queued to the pool; nullptr: all cached when looked at
+  };
+  std::vector<Step> steps;
+  for (const FileSpan& s : spans)
+    for (int64_t off = 0; off < s.bytes; off += kPrefaultStep)
+      steps.push_back({static_cast<char*>(s.addr) + off, std::min(kPrefaultStep, s.bytes - off), s.offset + off, nullptr});
+  ReaderPool& pool = ReaderPool::instance();
+  const auto queue_reads = [&](Step& st) {  // the pool reads the step's pieces, several at once
+    if (mincore_resident(st.addr, st.bytes) >= st.bytes) return;
+    st.reads = std::make_shared<ReadBatch>();
+    pool.read(file, {{st.offset, st.bytes}}, st.reads);
+  };
   int advice = MADV_POPULATE_READ;
   std::string status = "populate_read";
-  std::vector<char> buf(static_cast<size_t>(kReadChunk));
-  for (const FileSpan& s : spans) {
-    auto* p = static_cast<char*>(s.addr);
-    for (int64_t off = 0; off < s.bytes; off += kPrefaultStep) {
-      if (stop_.load()) {
-        status = "error: stopped";
-        goto done;
-      }
-      const int64_t n = std::min(kPrefaultStep, s.bytes - off);
-      done_.fetch_add(n);  // counted as started: progress of a step in flight
-      const bool cached = mincore_resident(p + off, n) >= n;
-      std::string error;
-      if (!cached && !read_through(fd, s.offset + off, n, buf.data(), kReadChunk, &error)) {
-        status = "error: " + error;
-        goto done;
-      }
-      if (::madvise(p + off, static_cast<size_t>(n), advice) != 0) {
-        if (advice == MADV_POPULATE_READ && errno == EINVAL) {  // kernel < 5.14
-          advice = MADV_WILLNEED;
-          status = "willneed";
-        }
-        if (advice != MADV_WILLNEED || ::madvise(p + off, static_cast<size_t>(n), advice) != 0) {
-          status = "error: " + errno_text(advice == MADV_WILLNEED ? "madvise(MADV_WILLNEED)"
-                                                                  : "madvise(MADV_POPULATE_READ)");
-          goto done;
-        }
-      }
-      if (cached) read_lines(p + off, n);
+  if (!steps.empty()) queue_reads(steps[0]);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step& st = steps[i];
+    if (stop_.load()) {
+      status = "error: stopped";
+      break;
     }
+    done_.fetch_add(st.bytes);  // counted as started: progress of a step in flight
+    if (i + 1 < steps.size()) queue_reads(steps[i + 1]);  // one step ahead: the disk never waits on madvise
+    if (st.reads) {
+      const std::string error = wait_reads(st.reads);
+      if (!error.empty()) {
+        status = "error: " + error;
+        break;
+      }
+    }
+    if (::madvise(st.addr, static_cast<size_t>(st.bytes), advice) != 0) {
+      if (advice == MADV_POPULATE_READ && errno == EINVAL) {  // kernel < 5.14
+        advice = MADV_WILLNEED;
+        status = "willneed";
+      }
+      if (advice != MADV_WILLNEED || ::madvise(st.addr, static_cast<size_t>(st.bytes), advice) != 0) {
+        status = "error: " + errno_text(advice == MADV_WILLNEED ? "madvise(MADV_WILLNEED)"
+                                                                : "madvise(MADV_POPULATE_READ)");
+        break;
+      }
+    }
+    if (!st.reads) read_lines(st.addr, st.bytes);  // cached, unread: the CPU's first read
   }
-done:
+  for (const Step& st : steps)  // a stop or an error: the disk need not read the rest
+    if (st.reads) pool.cancel(st.reads.get());
   std::lock_guard<std::mutex> lock(status_mutex_);
   status_ = status;
 }
 
-bool Prefaulter::run(std::vector<FileSpan> spans, int fd, bool wait, std::string* error) {
+bool Prefaulter::run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile> file, bool wait,
+                     std::string* error) {
   std::lock_guard<std::mutex> lock(run_mutex_);
   if (thread_.joinable()) thread_.join();
   {
@@ -68,10 +92,10 @@ bool Prefaulter::run(std::vector<FileSpan> spans, int fd, bool wait, std::string
   }
   done_.store(0);
   if (!wait) {
-    thread_ = std::thread([this, spans = std::move(spans), fd] { work(spans, fd); });
+    thread_ = std::thread([this, spans = std::move(spans), file = std::move(file)] { work(spans, file); });
     return true;
   }
-  work(spans, fd);
+  work(spans, file);
   const std::string s = status();
   if (s.rfind("error: ", 0) == 0) {
     if (error) *error = s.substr(7);

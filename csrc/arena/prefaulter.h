@@ -11,18 +11,19 @@
 // once read (decode: the first ~20-40 passes 2-15x slower). A load per 4 KiB page removed
 // most of it, not all (first read 34-57 ms of CPU); a load per 64-byte line, or read()'s
 // copy, all of it. So, per 64 MiB step:
-//   * pages not all in the page cache: read() them through a small buffer. Sequential reads
-//     get the file's large-folio readahead, asynchronous and ahead of the copy, and the copy
-//     is the CPU's first read: its cost overlaps the next window's I/O instead of following
-//     all of it;
+//   * pages not all in the page cache: the reader pool (reader_pool.h) preads them, in 1 MiB pieces
+//     on its I/O threads, several in flight, while the next step is already queued: the disk runs at
+//     its concurrent rate, not one stream's, and the pool's copy is the CPU's first read of the pages;
 //   * already cached (e.g. faulted in, unread, by the cache check of a load): one load per
 //     64-byte line through the mapping, no copy;
 // then MADV_POPULATE_READ (Linux >= 5.14) maps them (minor faults, 2 MiB at a time where the
 // folios allow) and reports errors (EFAULT/EIO/ENOMEM); where it is missing (EINVAL) it falls
 // back to MADV_WILLNEED.
 //
-// Background mode: one I/O thread (not a compute thread: it blocks in read/madvise and streams
-// pages), working in 64 MiB steps so that stop() and the destructor stop it promptly. Its
+// Background mode: one thread (not a compute thread: it waits on the pool's reads and blocks in
+// madvise), working in 64 MiB steps so that stop() and the destructor stop it promptly (within
+// ~20 ms while it waits on the pool: the queued pieces of its steps are cancelled; the pool's
+// reads hold their own handle of the file, never the mapping). Its
 // owner (WeightArena) stops it before unmapping the spans, so it holds no reference to the
 // owner and never keeps it alive; a process that exits while it runs simply ends it. A child
 // forked while it runs has no such thread: forget_after_fork() (weight_arena.cpp's fork note).
@@ -35,6 +36,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "arena/reader_pool.h"
 
 namespace ktmoe {
 
@@ -52,10 +55,10 @@ class Prefaulter {
   Prefaulter(const Prefaulter&) = delete;
   Prefaulter& operator=(const Prefaulter&) = delete;
 
-  // Warms `spans` of `fd` (both must stay valid until the run ends), after joining a previous
-  // background run. wait=false: on the background thread, returning at once. False with *error
+  // Warms `spans` of `file` (the spans must stay mapped until the run ends), after joining a
+  // previous background run. wait=false: on the background thread, returning at once. False with *error
   // when a wait=true run failed; a background error is kept in status().
-  bool run(std::vector<FileSpan> spans, int fd, bool wait, std::string* error);
+  bool run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile> file, bool wait, std::string* error);
   void join();  // waits for a background run, if any
   // Stops a running prefault (background, or wait=true on another thread) at its next 64 MiB
   // step and waits for it (its status: "error: stopped"); later runs go on.
@@ -71,7 +74,10 @@ class Prefaulter {
   void forget_after_fork();
 
  private:
-  void work(const std::vector<FileSpan>& spans, int fd);  // sets status_ to the method used or the error
+  // sets status_ to the method used or the error
+  void work(const std::vector<FileSpan>& spans, const std::shared_ptr<const ReadFile>& file);
+  // Waits for a step's reads, "" or "stopped" or the pool's error.
+  std::string wait_reads(const std::shared_ptr<ReadBatch>& batch);
   std::mutex run_mutex_;  // serialises run()/join()
   std::thread thread_;
   std::atomic<bool> stop_{false};

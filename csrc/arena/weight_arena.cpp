@@ -139,6 +139,7 @@ std::string WeightArena::cache_refusal() const {
 
 WeightArena::~WeightArena() {
   prefaulter_.stop();  // a background prefault reads slices that are unmapped below
+  if (read_file_) ReaderPool::instance().drop_file(read_file_.get());  // pieces in flight hold their own dup
   mapped_.clear();  // munmap
   anon_.clear();    // free
   file_ = BackingFile();  // close; an unkept temp build file is removed
@@ -282,7 +283,41 @@ bool WeightArena::prefault(bool wait, std::string* error) {
     return true;
   }
   // the file stays open (and the same) while slices are mapped
-  return prefaulter_.run(mapped_spans(), file_.fd(), wait, error);
+  std::shared_ptr<const ReadFile> file = read_file(error);  // the pool's handle; the fd stays open while mapped
+  if (!file) return false;
+  return prefaulter_.run(mapped_spans(), std::move(file), wait, error);
+}
+
+std::shared_ptr<WeightArena> WeightArena::holding(const void* p, int64_t bytes) {
+  for (auto& arena : live()) {  // (not under totals' lock: an arena's lock is taken before it elsewhere)
+    std::lock_guard<std::mutex> lock(arena->mutex_);
+    for (const MappedSlice& s : arena->mapped_)
+      if (s.contains(p) && s.contains(static_cast<const char*>(p) + bytes - 1)) return std::move(arena);
+  }
+  return nullptr;
+}
+
+std::shared_ptr<const ReadFile> WeightArena::read_file_locked(std::string* error) {
+  if (!file_.valid()) {
+    if (error) *error = "arena '" + name_ + "' has no file";
+    return nullptr;
+  }
+  if (!read_file_) read_file_ = ReadFile::dup_of(file_.fd(), error);
+  return read_file_;
+}
+
+std::shared_ptr<const ReadFile> WeightArena::read_file(std::string* error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return read_file_locked(error);
+}
+
+std::shared_ptr<const ReadFile> WeightArena::file_range(const void* p, int64_t bytes, int64_t* offset) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t at = file_offset_locked(p);
+  if (at < 0 || bytes <= 0 || file_offset_locked(static_cast<const char*>(p) + bytes - 1) != at + bytes - 1)
+    return nullptr;  // not mapped here, or across two slices
+  *offset = at;
+  return read_file_locked(nullptr);
 }
 
 ProcessArenaStats WeightArena::process_stats() {

@@ -29,7 +29,9 @@
 //     or refused (trust); cache_protocol.h runs them under the lock;
 //   * prefaulter.h: warming the file's slices (read, map, first CPU read), in the
 //     background on request; prefault() starts it over the arena's slices;
-//   * page_cache.h: mincore and read() helpers (resident_bytes, evict's check).
+//   * page_cache.h: mincore and read() helpers (resident_bytes, evict's check);
+//   * reader_pool.h: reads with depth; holding() and file_range() turn a mapped range into
+//     (the file, its offset) for it, read_file() is the pool's own handle of the file.
 // Residency here: resident_bytes() (mincore), evict() (drop the file's pages).
 //
 // Parts: BackingFile (backing_file.h) owns the file (create, reserve, write
@@ -52,6 +54,7 @@
 #include "arena/cache_file.h"
 #include "arena/mapped_slice.h"
 #include "arena/prefaulter.h"
+#include "arena/reader_pool.h"
 #include "common/huge_pages.h"
 #include "common/parallel_for.h"
 
@@ -126,6 +129,16 @@ class WeightArena {
   bool prefault(bool wait, std::string* error);
   Prefaulter& prefaulter() { return prefaulter_; }  // its status, progress, join and stop
 
+  // The live arena whose mapped slices hold [p, p + bytes) whole, or nullptr (anonymous memory, another
+  // mapping, a range across slices). Thread-safe; scans the live arenas (tens: microseconds).
+  static std::shared_ptr<WeightArena> holding(const void* p, int64_t bytes);
+  // The file behind [p, p + bytes) when it lies in one mapped slice: the pool's handle of the file and
+  // *offset, the range's offset in it; nullptr otherwise (or when the file cannot be dup'd).
+  std::shared_ptr<const ReadFile> file_range(const void* p, int64_t bytes, int64_t* offset);
+  // The reader pool's handle of the backing file (its own dup, made once per file), nullptr with
+  // *error when there is no file or dup fails.
+  std::shared_ptr<const ReadFile> read_file(std::string* error);
+
   // Why this arena keeps and maps no cache file ("" if it may; kept_file.h).
   std::string cache_refusal() const;
   bool read_only() const { return read_only_; }  // a kept file is mapped: nothing more is allocated in it
@@ -160,6 +173,7 @@ class WeightArena {
   WeightArena(std::string dir, std::string name, const ArenaOptions& options);
   void open_file();
   void open_unnamed_file();  // file_ = an unnamed file, or open_error_
+  std::shared_ptr<const ReadFile> read_file_locked(std::string* error);  // mutex_ held
   void* map_slice(int64_t n, std::string* error);  // a new kShared slice at the file's end
   void count_allocation(int64_t n, bool in_file);  // stats_ and process totals; mutex_ held
   int64_t file_offset_locked(const void* p) const;  // -1: not in a mapped slice
@@ -178,6 +192,8 @@ class WeightArena {
   const ArenaOptions options_;
   int64_t id_ = 0;
   BackingFile file_;        // the file behind the slices (unnamed, a temp build, or a kept cache file)
+  std::shared_ptr<const ReadFile> read_file_;  // the reader pool's dup of file_'s fd, made on first use (file_
+                                               // only ever goes from none to one file: it stays right)
   bool read_only_ = false; // a kept file: mapped copy-on-write, never written
   std::string open_error_;
   std::string cache_refusal_;  // why no cache file is kept or mapped ("" if one may be)

@@ -10,10 +10,11 @@
 // hidden_states may be fp32, bf16 or fp16 (converted row by row in the kernel's
 // activation prep, never as a full copy here); out has its dtype.
 // prefetch=true first asks the kernel to read every routed expert's packed rows
-// (MADV_WILLNEED, asynchronous): cold experts of file-backed weights then come
-// from disk together, as queued readahead, instead of one page fault at a time
-// in the header checks and the gemms (KTMoE turns it on when its experts do not
-// fit in RAM). Outputs do not depend on it.
+// (MADV_WILLNEED, asynchronous; ops/expert_reads.h says why this and not the
+// reader pool here): cold experts of file-backed weights then come from disk
+// together, as queued readahead, instead of one page fault at a time in the
+// header checks and the gemms (KTMoE turns it on when its experts do not fit in
+// RAM). Outputs do not depend on it.
 // Order: checks -> shapes -> scratch (normalised inputs, output) -> dispatch to
 // the torch-free driver with the active ISA's micro-kernels and ATen's pool.
 #include <ATen/ATen.h>
@@ -23,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "arena/read_ahead.h"
 #include "kernels/gated_activation.h"
 #include "kernels/moe_driver.h"
 #include "kernels/packed_format.h"
+#include "ops/expert_reads.h"
 #include "ops/isa_dispatch.h"
 #include "ops/ops.h"
 #include "ops/packed_weight_check.h"
@@ -62,21 +63,6 @@ at::Tensor bias_as_f32(const c10::optional<at::Tensor>& bias, const char* name, 
   TORCH_CHECK(b.dim() == 2 && b.size(0) == rows && b.size(1) == cols, "ktmoe::moe_forward: ", name, " must be ",
               shape, " = [", rows, ", ", cols, "], got ", b.sizes());
   return b.to(at::kFloat).contiguous();
-}
-
-// MADV_WILLNEED over the packed rows (w13 and w2) of every expert in ids [n] (each once; ids < 0 skipped,
-// all < E, checked by the caller).
-void read_ahead_routed(const int64_t* ids, int64_t n, const at::Tensor& w13, const at::Tensor& w2) {
-  std::vector<bool> seen(size_t(w13.size(0)), false);
-  const uint8_t *p13 = w13.data_ptr<uint8_t>(), *p2 = w2.data_ptr<uint8_t>();
-  const int64_t b13 = w13.size(1), b2 = w2.size(1);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t e = ids[i];
-    if (e < 0 || seen[size_t(e)]) continue;
-    seen[size_t(e)] = true;
-    read_ahead(p13 + e * b13, b13);
-    read_ahead(p2 + e * b2, b2);
-  }
 }
 
 }  // namespace
@@ -130,7 +116,7 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   TORCH_CHECK(ids_max < experts, "ktmoe::moe_forward: topk_ids holds expert id ", ids_max,
               " but the packed weights have only ", experts, " experts (ids must be < ", experts,
               "; negative ids mean 'skip')");
-  if (prefetch) read_ahead_routed(ids.data_ptr<int64_t>(), ids.numel(), w13, w2);  // before the headers fault
+  if (prefetch) advise_experts(w13, w2, ids.data_ptr<int64_t>(), ids.numel());  // before the headers fault
   check_routed_headers(w13, "w13", ids.data_ptr<int64_t>(), ids.numel());
   check_routed_headers(w2, "w2", ids.data_ptr<int64_t>(), ids.numel());
   // dispatch

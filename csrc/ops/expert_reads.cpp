@@ -1,0 +1,91 @@
+// [NOTE] advise_experts and read_ahead_experts (see expert_reads.h): routed rows -> MADV_WILLNEED, or
+// reader pool requests.
+#include "ops/expert_reads.h"
+
+#include <utility>
+#include <vector>
+
+#include "arena/read_ahead.h"
+#include "arena/reader_pool.h"
+#include "arena/weight_arena.h"
+
+namespace ktmoe {
+namespace {
+
+// The rows of `w` of the experts in `experts`, queued to the pool when w lies in one file-backed slice;
+// false when it does not (nothing queued).
+bool queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
+  const auto* base = w.data_ptr<uint8_t>();
+  const int64_t row = w.size(1), bytes = w.size(0) * row;
+  if (bytes == 0) return true;
+  const std::shared_ptr<WeightArena> arena = WeightArena::holding(base, bytes);
+  if (!arena) return false;
+  int64_t offset = 0;
+  const std::shared_ptr<const ReadFile> file = arena->file_range(base, bytes, &offset);
+  if (!file) return false;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(experts.size());
+  for (int64_t e : experts) ranges.push_back({offset + e * row, row});
+  ReaderPool::instance().read(file, ranges);
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<int64_t> distinct_experts(int64_t num_experts, const int64_t* ids, int64_t n) {
+  std::vector<bool> seen(size_t(num_experts), false);
+  std::vector<int64_t> experts;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = ids[i];
+    if (e < 0 || seen[size_t(e)]) continue;
+    seen[size_t(e)] = true;
+    experts.push_back(e);
+  }
+  return experts;
+}
+
+void advise(const at::Tensor& w13, const at::Tensor& w2, const std::vector<int64_t>& experts) {
+  for (const at::Tensor* w : {&w13, &w2}) {
+    const auto* p = w->data_ptr<uint8_t>();
+    const int64_t row = w->size(1);
+    for (int64_t e : experts) read_ahead(p + e * row, row);
+  }
+}
+
+}  // namespace
+
+void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
+  advise(w13, w2, distinct_experts(w13.size(0), ids, n));
+}
+
+void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
+  const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
+  if (experts.empty()) return;
+  if (ReaderPool::instance().threads() == 0) return advise(w13, w2, experts);  // the pool is off
+  // anonymous or foreign memory: no file to read (and nothing for WILLNEED to gain either)
+  queue_rows(w13, experts);
+  queue_rows(w2, experts);
+}
+
+void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& expert_ids) {
+  for (const auto& [w, name] : {std::make_pair(&w13, "w13"), std::make_pair(&w2, "w2")})
+    TORCH_CHECK(w->device().is_cpu() && w->scalar_type() == at::kByte && w->dim() == 2 && w->is_contiguous(),
+                "read_ahead_experts: ", name, " must be a contiguous CPU uint8 [E, B] tensor (packed experts), got ",
+                w->scalar_type(), " ", w->sizes());
+  TORCH_CHECK(w13.size(0) == w2.size(0), "read_ahead_experts: w13 has ", w13.size(0), " experts but w2 has ",
+              w2.size(0));
+  TORCH_CHECK(expert_ids.device().is_cpu() && !at::isFloatingType(expert_ids.scalar_type()) &&
+                  !at::isComplexType(expert_ids.scalar_type()) && expert_ids.scalar_type() != at::kBool,
+              "read_ahead_experts: expert_ids must be an integer CPU tensor, got ", expert_ids.scalar_type());
+  const at::Tensor ids = expert_ids.to(at::kLong).contiguous().reshape(-1);
+  const int64_t experts = w13.size(0);
+  const int64_t* p = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    TORCH_CHECK(p[i] < experts, "read_ahead_experts: expert id ", p[i], " >= num_experts ", experts,
+                " (ids must be < ", experts, "; negative ids mean 'skip')");
+  read_ahead_experts(w13, w2, p, ids.numel());
+}
+
+}  // namespace ktmoe

@@ -1,0 +1,37 @@
+// [NOTE] Reads of routed experts ahead of their use: the ATen side of the reader pool (arena/reader_pool.h).
+//
+// read_ahead_experts queues each listed expert's packed rows (w13 [E, B13] and w2 [E, B2], uint8) for
+// reading into the page cache and returns at once. Where the tensors view a file-backed arena's slice
+// (WeightArena::holding), the rows become (file, offset, bytes) requests to the reader pool, whose I/O
+// threads keep several in flight whatever the compute threads do. Where they do not (anonymous memory,
+// another mapping), it does nothing: nothing to read. With the pool off (ReaderPool::set_threads(0)) it
+// falls back to MADV_WILLNEED from the calling thread (arena/read_ahead.h). Python calls it as
+// _C.read_ahead_experts (torch_ktmoe.expert_reads): for reads issued ahead of a layer's compute.
+//
+// advise_experts is moe_forward(prefetch=true)'s read-ahead, issued right before the routed headers are
+// checked: MADV_WILLNEED over the rows, from the calling thread. Measured against queueing them to the
+// pool there (benchmarks/memory/bench_reader_pool.py, 24 int8 layers of 32 experts, 1 GiB cgroup, load
+// ~2): WILLNEED 2.19 tok/s, 582 MB read per token; the pool 1.50 tok/s, 814 MB per token. WILLNEED queues
+// every routed row's I/O at once before the compute touches them, so the kernel's own depth is there;
+// the pool's pieces start only as its threads get to them, so the compute thread's faults (which read
+// whole 2 MiB folios on the arena's MADV_HUGEPAGE mappings) come first and read neighbours' bytes too.
+// The pool pays off where reads are issued ahead of the compute (the warm, a next layer's experts).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace ktmoe {
+
+// MADV_WILLNEED over the listed experts' rows, from this thread (ids as below).
+void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n);
+
+// ids [n]: each id once, ids < 0 skipped; every id must be < E (checked by the caller). w13 and w2
+// contiguous uint8 [E, B] (checked by the caller).
+void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n);
+
+// The checked entry point: w13 [E, B13] and w2 [E, B2] contiguous CPU uint8 with one E, expert_ids any
+// integer tensor (its elements in any shape). A bad shape, dtype or id >= E is an error.
+void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& expert_ids);
+
+}  // namespace ktmoe
