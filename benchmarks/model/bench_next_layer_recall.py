@@ -60,7 +60,7 @@ def recall_rows(family: str, layers: int, prompt_len: int, decode: int) -> list:
 
 
 def cost_us(experts: int, hidden: int, top_k: int, packed: bool, reps: int = 2000) -> float:
-    """Microseconds of one predictor call (stand-in reads) plus the recall count, T = 1."""
+    """Microseconds of one predictor call plus the recall count, T = 1."""
     from torch import nn
 
     from torch_ktmoe import KTMoE, ops
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                   f"{r['moe_layers']} ({r['predicted']}{left}) | {recall} | {r['k_prime'] / r['experts']:.2f} |",
                   flush=True)
     print(f"\ncost at T = 1, router {args.cost_experts} x {args.cost_hidden}, k = {args.cost_top_k}, k' = 2k, "
-          f"{args.threads} threads (predictor + recall count, stand-in reads):")
+          f"{args.threads} threads (predictor + recall count; an anonymous target: no reads):")
     for packed in (True, False):
         us = cost_us(args.cost_experts, args.cost_hidden, args.cost_top_k, packed)
         print(f"  {'packed bf16 router' if packed else 'fp32 router (F.linear)'}: {us:.0f} us per layer")
