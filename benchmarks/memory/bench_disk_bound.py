@@ -7,7 +7,9 @@ layer, 2.9 GB in all), packed once into kept cache files, each with a random rou
 per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
 the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
-k' = ``--k-prime``, default 2k) and reads them ahead. Per routing, one child process inside a fresh
+k' = ``--k-prime``, default 2k) and reads them ahead through the reader pool (``--next-layer off``: no predictor,
+only ``moe_forward``'s own read-ahead of the routed experts; ``--next-layer on,off`` alternates the two per routing,
+``--rounds`` times). Per routing and mode, one child process inside a fresh
 ``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
 (``POSIX_FADV_DONTNEED``), maps the files (KTMoE defaults: ``prefetch="auto"``, ``next_layer_prefetch="auto"``:
 on, the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
@@ -101,8 +103,10 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
         gate.weight = nn.Parameter(w, requires_grad=False)
         gate.bias = nn.Parameter(bias.clone(), requires_grad=False)
         gates.append(gate)
-    predictors = [NextLayerPredictor(gates[i + 1], layers[i + 1], int(k_prime) or None)
-                  for i in range(len(layers) - 1)] + [None]
+    predictors = [None] * len(layers)  # k_prime < 0: next-layer prefetch off
+    if int(k_prime) >= 0:
+        predictors = [NextLayerPredictor(gates[i + 1], layers[i + 1], int(k_prime) or None)
+                      for i in range(len(layers) - 1)] + [None]
     model = nn.ModuleList(layers)
     gen = torch.Generator().manual_seed(1)
 
@@ -136,12 +140,12 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     if "tok_s" not in res:
-        return f"| {routing} | failed (rc {res.get('returncode')}) | | | | | | | | {load:.1f} |"
+        return f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | {load:.1f} |"
     r = res["residency"]
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
     overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    return (f"| {routing} | {res['tok_s']:.2f} | "
+    return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | "
             f"{fmt(waiting['GBps'], '.2f')} ({fmt(waiting['pct_of_roof'], '.0f')} %) | "
             f"{fmt(overall['GBps'], '.2f')} ({fmt(overall['pct_of_roof'], '.0f')} %) | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
@@ -163,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--routings", default=",".join(ROUTINGS))
     ap.add_argument("--k-prime", type=int, default=0, help="experts the next-layer predictor names per token "
                     "(0: 2k)")
+    ap.add_argument("--next-layer", default="on", help="on, off or on,off (alternated): next-layer prefetch")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each (routing, mode), alternated")
     ap.add_argument("--roof-gib", type=float, default=2.0, help="bytes the disk roof reads per pattern")
     ap.add_argument("--workdir", default=None, help="where the packed stack goes (default: a temporary directory "
                     "under /var/tmp: a real disk, not tmpfs); kept if given")
@@ -174,36 +180,41 @@ def main(argv=None) -> int:
         files = pack(work, args.layers, dims, args.threads)
         packed = sum(os.path.getsize(f) for f in files)
         roof = disk_roof(files, int(args.roof_gib * (1 << 30)))
-        results = {}
-        for routing in [r for r in args.routings.split(",") if r]:
-            out = os.path.join(work, f"{routing}.json")
-            print(f"[{routing}] ...", file=sys.stderr, flush=True)
-            from benchmarks.baselines.disk_roof import drop_file_pages
+        from benchmarks.baselines.disk_roof import drop_file_pages
 
-            drop_file_pages(files)  # cold: every expert comes from the disk at first
-            res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
-                                       [work, json.dumps(dims), routing, args.warmup, args.tokens, args.threads,
-                                        args.k_prime, out],
-                                       timeout=1800)
-            load = os.getloadavg()[0]
-            if res.returncode == 0:
-                with open(out) as f:
-                    results[routing] = json.load(f)
-            else:
-                results[routing] = {"returncode": res.returncode, "stderr": res.stderr[-800:]}
-                print(res.stderr[-800:], file=sys.stderr)
-            results[routing]["load"] = load
+        results = []
+        modes = [m for m in args.next_layer.split(",") if m]
+        if not modes or set(modes) - {"on", "off"}:
+            ap.error(f"--next-layer takes on, off or on,off, not {args.next_layer!r}")
+        for routing in [r for r in args.routings.split(",") if r]:
+            for _ in range(args.rounds):
+                for mode in modes:
+                    out = os.path.join(work, f"{routing}-{mode}.json")
+                    print(f"[{routing}, next-layer {mode}] ...", file=sys.stderr, flush=True)
+                    drop_file_pages(files)  # cold: every expert comes from the disk at first
+                    res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
+                                               [work, json.dumps(dims), routing, args.warmup, args.tokens,
+                                                args.threads, args.k_prime if mode == "on" else -1, out],
+                                               timeout=1800)
+                    load = os.getloadavg()[0]
+                    if res.returncode == 0:
+                        with open(out) as f:
+                            result = json.load(f)
+                    else:
+                        result = {"returncode": res.returncode, "stderr": res.stderr[-800:]}
+                        print(res.stderr[-800:], file=sys.stderr)
+                    results.append((routing, dict(result, mode=mode, load=load)))
         print(f"\n{args.layers} int8 layers x {args.experts} experts (top-{args.top_k}, H={args.hidden}, "
               f"I={args.intermediate}): {packed / 1e9:.2f} GB packed, file-backed, under a {args.limit_mib} MiB "
               f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
               f"{args.threads} threads")
         print(roof_line(roof) + "\n")
-        print("| routing | tok/s | disk GB/s while waiting (% of best) | disk GB/s over decode (% of best) | "
+        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best) | disk GB/s over decode (% of best) | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or 2 * args.top_k}) | "
               "prefetch / next-layer | "
               "load avg |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-        for routing, res in results.items():
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        for routing, res in results:
             print(row(routing, res, roof, args.tokens, res["load"]))
         return 0
     finally:
