@@ -8,7 +8,10 @@
 //   activation_scale ("none" | "row" | "weight_group": int8 rows' scale per row or per weight group),
 //   gemm (the IsaKernels entry), codes ("bf16" | "offset" | "codebook" | "e4m3" | "affine" | "e2m1"), code_offset,
 //   codebook (list of ints),
-//   accuracy_bound.
+//   accuracy_bound,
+//   exact: None (dense weights only) or {"codes": [dtype names], "inputs": [{"name", "dtypes": [dtype names;
+//   "integer": any integer type], "optional": bool (None allowed)}, ...]}: pack_experts' `exact` holds per input,
+//   in order, gate_up_<name>, up_<name>, down_<name>.
 // gated_activations() -> [dict], one per row of kernels/gated_activation.h, in kind order:
 //   name, formula, params (names, in the op's order), defaults, models;
 // gated_activation_error(name, params) -> "" or the reason the op would refuse them.
@@ -64,6 +67,23 @@ py::dict row_dict(const ktmoe::WeightFormatTraits& r) {
   if (r.codebook) codebook.assign(r.codebook, r.codebook + (1 << r.code_bits));
   d["codebook"] = codebook;
   d["accuracy_bound"] = r.accuracy_bound;
+  if (r.exact) {
+    py::list inputs;
+    for (int i = 0; i < r.exact->num_inputs; ++i) {
+      const ktmoe::ExactInput& in = r.exact->inputs[i];
+      py::dict input;
+      input["name"] = in.name;
+      input["dtypes"] = ktmoe::element_type_names(in.accepted);
+      input["optional"] = in.none_value >= 0;
+      inputs.append(input);
+    }
+    py::dict exact;
+    exact["codes"] = ktmoe::element_type_names(r.exact->codes);
+    exact["inputs"] = inputs;
+    d["exact"] = exact;
+  } else {
+    d["exact"] = py::none();
+  }
   return d;
 }
 

@@ -14,30 +14,15 @@ TORCH_LIBRARY(ktmoe, m) {
   m.def("moe_forward(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
         "Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", float[] activation_params=[], "
         "bool prefetch=False) -> Tensor");
-  // Dense HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) weights -> packed (w13, w2) in new memory
-  // (from 2 MiB up on huge pages, ops/weight_bytes.h).
-  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size) -> (Tensor, Tensor)");
+  // HF (gate_up [E,2I,H]) or kt-kernel (gate, up [E,I,H]) experts -> packed (w13, w2) in new memory (from 2 MiB
+  // up on huge pages, ops/weight_bytes.h): dense weights quantized by the format (exact []), or a checkpoint's
+  // codes with the companions its format's row names (exact: scales, zero points), packed as they are. exact
+  // has no default: a schema's list default may only hold numbers.
+  m.def("pack_experts(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
+        "Tensor?[] exact) -> (Tensor, Tensor)");
   // The same into caller-allocated outputs (Python takes them from a WeightArena).
   m.def("pack_experts_out(Tensor gate_up, Tensor? up, Tensor down, str weight_format, int group_size, "
-        "Tensor(a!) w13, Tensor(b!) w2) -> ()");
-  // An FP8 checkpoint's e4m3 experts + fp32 scales per (row, k-group) -> packed fp8 (w13, w2), exact; and _out.
-  m.def("pack_fp8_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
-        "Tensor down_scale, int group_size) -> (Tensor, Tensor)");
-  m.def("pack_fp8_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
-        "Tensor down_scale, int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
-  // An int4 checkpoint's codes (uint8 0..15) + scales per (row, k-group) + optional zero points (None: 8)
-  // -> packed int4_affine (w13, w2), exact; and _out.
-  m.def("pack_int4_affine_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
-        "Tensor down_scale, Tensor? gate_up_zero, Tensor? up_zero, Tensor? down_zero, int group_size) -> (Tensor, Tensor)");
-  m.def("pack_int4_affine_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, "
-        "Tensor? up_scale, Tensor down_scale, Tensor? gate_up_zero, Tensor? up_zero, Tensor? down_zero, "
-        "int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
-  // An MXFP4 checkpoint's e2m1 codes (uint8 0..15) + E8M0 scale bytes per (row, k-group) -> packed mxfp4
-  // (w13, w2), exact; and _out.
-  m.def("pack_mxfp4_experts(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
-        "Tensor down_scale, int group_size) -> (Tensor, Tensor)");
-  m.def("pack_mxfp4_experts_out(Tensor gate_up, Tensor? up, Tensor down, Tensor gate_up_scale, Tensor? up_scale, "
-        "Tensor down_scale, int group_size, Tensor(a!) w13, Tensor(b!) w2) -> ()");
+        "Tensor?[] exact, Tensor(a!) w13, Tensor(b!) w2) -> ()");
   // A dense [N, K] weight -> one packed bf16 matrix (uint8 [B], header first); x [..., K] times it (+ bias) ->
   // [..., out_features] (N is an argument, checked against the header: the fake kernel cannot read the header).
   m.def("pack_linear(Tensor weight) -> Tensor");
@@ -48,12 +33,6 @@ TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("moe_forward", &ktmoe::moe_forward);
   m.impl("pack_experts", &ktmoe::pack_experts);
   m.impl("pack_experts_out", &ktmoe::pack_experts_out);
-  m.impl("pack_fp8_experts", &ktmoe::pack_fp8_experts);
-  m.impl("pack_fp8_experts_out", &ktmoe::pack_fp8_experts_out);
-  m.impl("pack_int4_affine_experts", &ktmoe::pack_int4_affine_experts);
-  m.impl("pack_int4_affine_experts_out", &ktmoe::pack_int4_affine_experts_out);
-  m.impl("pack_mxfp4_experts", &ktmoe::pack_mxfp4_experts);
-  m.impl("pack_mxfp4_experts_out", &ktmoe::pack_mxfp4_experts_out);
   m.impl("pack_linear", &ktmoe::pack_linear);
   m.impl("linear", &ktmoe::linear);
 }

@@ -1,4 +1,4 @@
-"""The int4_affine format from an int4 checkpoint (ktmoe::pack_int4_affine_experts): codes, scales and zero
+"""The int4_affine format from an int4 checkpoint (ktmoe::pack_experts with exact): codes, scales and zero
 points packed exactly (unpacked bit for bit to s * (q - z)), forwarded on every ISA within the bf16 bound of
 the dequantized reference; the layer's exact path (load_expert with scales and zeros); its refusals.
 (int4_affine quantized from dense weights is one more row of the format table: test_moe_forward_formats.)"""
@@ -45,7 +45,8 @@ KINDS = [  # (group, zero points, scale dtype): compressed-tensors symmetric, GP
 @pytest.mark.parametrize("group, zeros, scale_dtype", KINDS)
 def test_pack_is_exact_and_unpacks_to_s_times_q_minus_z(group, zeros, scale_dtype):
     (q13, s13, z13), (q2, s2, z2) = _layer(group, zeros, scale_dtype)
-    w13, w2 = ops.pack_int4_affine_experts(q13, q2, s13, s2, z13, z2, group_size=group)
+    w13, w2 = ops.pack_experts(q13, q2, "int4_affine", gate_up_scale=s13, down_scale=s2, gate_up_zero=z13,
+                               down_zero=z2, group_size=group)
     h13, h2 = packed_header(w13), packed_header(w2)
     assert (h13["format"], h13["group"], h2["group"]) == ("int4_affine", group, group)
     assert w13.shape[1] == ops._C.packed_matrix_bytes("int4_affine", "gate_up", 2 * I, H, group)
@@ -60,24 +61,26 @@ def test_pack_is_exact_and_unpacks_to_s_times_q_minus_z(group, zeros, scale_dtyp
         err = (gate_up - _exact_weights(q13, s13, z13, group)).abs().amax()
         assert err <= 2 ** -22 * 16 * s13.abs().amax()  # an ulp of s * 16 at most
     # separate gate / up codes pack the same bytes
-    split = ops.pack_int4_affine_experts(q13[:, :I], q2, s13[:, :I], s2, None if z13 is None else z13[:, :I], z2,
-                                         up=q13[:, I:], up_scale=s13[:, I:],
-                                         up_zero=None if z13 is None else z13[:, I:], group_size=group)
+    split = ops.pack_experts(q13[:, :I], q2, "int4_affine", gate_up_scale=s13[:, :I], down_scale=s2,
+                             gate_up_zero=None if z13 is None else z13[:, :I], down_zero=z2, up=q13[:, I:],
+                             up_scale=s13[:, I:], up_zero=None if z13 is None else z13[:, I:], group_size=group)
     assert torch.equal(split[0], w13) and torch.equal(split[1], w2)
 
 
 def test_symmetric_is_zero_point_8():
     (q13, s13, _), (q2, s2, _) = _layer(32, False, torch.bfloat16)
     eights = [torch.full(s.shape, 8, dtype=torch.uint8) for s in (s13, s2)]
-    a = ops.pack_int4_affine_experts(q13, q2, s13, s2, group_size=32)
-    b = ops.pack_int4_affine_experts(q13, q2, s13, s2, *eights, group_size=32)
+    a = ops.pack_experts(q13, q2, "int4_affine", gate_up_scale=s13, down_scale=s2, group_size=32)
+    b = ops.pack_experts(q13, q2, "int4_affine", gate_up_scale=s13, down_scale=s2, gate_up_zero=eights[0],
+                         down_zero=eights[1], group_size=32)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.parametrize("group, zeros, scale_dtype", [KINDS[0], KINDS[1]])
 def test_forward_matches_the_dequantized_reference(isa, group, zeros, scale_dtype):
     (q13, s13, z13), (q2, s2, z2) = _layer(group, zeros, scale_dtype, seed=7)
-    w13, w2 = ops.pack_int4_affine_experts(q13, q2, s13, s2, z13, z2, group_size=group)
+    w13, w2 = ops.pack_experts(q13, q2, "int4_affine", gate_up_scale=s13, down_scale=s2, gate_up_zero=z13,
+                               down_zero=z2, group_size=group)
     gate_up, down = _exact_weights(q13, s13, z13, group), _exact_weights(q2, s2, z2, group)
     for T in (1, 3, 17, 64):
         x = torch.randn(T, H)
@@ -113,42 +116,51 @@ def _one_expert():
     return codes13, codes2, torch.ones(1, 64, 1), torch.ones(1, 128, 1)
 
 
+def _pack(q13, q2, s13, s2, gate_up_zero=None, down_zero=None, **kwargs):
+    return ops.pack_experts(q13, q2, "int4_affine", gate_up_scale=s13, down_scale=s2, gate_up_zero=gate_up_zero,
+                            down_zero=down_zero, **kwargs)
+
+
 def test_refusals_name_the_problem():
     q13, q2, s13, s2 = _one_expert()
     with pytest.raises(RuntimeError, match=r"down_scale must be \[1, 128, 1\] \(one per row and k-group of "
                                            r"128 inputs\), got \[1, 128, 2\]"):
-        ops.pack_int4_affine_experts(q13, q2, s13, torch.ones(1, 128, 2))
+        _pack(q13, q2, s13, torch.ones(1, 128, 2))
     with pytest.raises(RuntimeError, match="gate_up must be uint8 .* got Int; dense float weights are packed by "
                                            "pack_experts"):
-        ops.pack_int4_affine_experts(q13.int(), q2, s13, s2)
+        _pack(q13.int(), q2, s13, s2)
     bad = q13.clone()
     bad[0, 40, 3] = 16
     with pytest.raises(RuntimeError, match="expert 0: row 40, column 3: code 16 is not a 4-bit code .* \\(gate_up\\)"):
-        ops.pack_int4_affine_experts(bad, q2, s13, s2)
+        _pack(bad, q2, s13, s2)
     for z, what in ((17, "holds 17"), (-1, "holds -1")):
-        with pytest.raises(RuntimeError, match=f"down_zero {what}: zero points must be in \\[0, 16\\]"):
-            ops.pack_int4_affine_experts(q13, q2, s13, s2, None, torch.full((1, 128, 1), z, dtype=torch.int32))
-    with pytest.raises(RuntimeError, match="gate_up_zero must be an integer tensor .* got Float"):
-        ops.pack_int4_affine_experts(q13, q2, s13, s2, torch.ones(1, 64, 1), None)
+        with pytest.raises(RuntimeError, match=f"down_zero {what}: zero points must be in \\[0, 16\\] \\(GPTQ v1"):
+            _pack(q13, q2, s13, s2, None, torch.full((1, 128, 1), z, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="gate_up_zero must be an integer tensor \\(zero points 0..16\\), got Float"):
+        _pack(q13, q2, s13, s2, torch.ones(1, 64, 1), None)
     with pytest.raises(RuntimeError, match=r"gate_up_zero must be \[1, 64, 1\]"):
-        ops.pack_int4_affine_experts(q13, q2, s13, s2, torch.ones(1, 64, 2, dtype=torch.uint8), None)
+        _pack(q13, q2, s13, s2, torch.ones(1, 64, 2, dtype=torch.uint8), None)
     with pytest.raises(RuntimeError, match="down_scale must be float32, bfloat16 or float16, got Int"):
-        ops.pack_int4_affine_experts(q13, q2, s13, s2.int())
+        _pack(q13, q2, s13, s2.int())
     inf_scale = s2.clone()
     inf_scale[0, 7, 0] = float("inf")
     with pytest.raises(RuntimeError, match="expert 0: row 7: scale of k-group 0 is not finite \\(down\\)"):
-        ops.pack_int4_affine_experts(q13, q2, s13, inf_scale)
+        _pack(q13, q2, s13, inf_scale)
     with pytest.raises(RuntimeError, match="group_size must be 0 \\(default\\) or a positive multiple of 32, got 48"):
-        ops.pack_int4_affine_experts(q13, q2, s13, s2, group_size=48)
+        _pack(q13, q2, s13, s2, group_size=48)
     with pytest.raises(RuntimeError, match="up and up_scale come together"):
-        ops.pack_int4_affine_experts(q13[:, :32], q2, s13[:, :32], s2, up=q13[:, 32:])
+        _pack(q13[:, :32], q2, s13[:, :32], s2, up=q13[:, 32:])
+    with pytest.raises(RuntimeError, match="up_zero without up"):
+        _pack(q13, q2, s13, s2, up_zero=torch.ones(1, 64, 1, dtype=torch.uint8))
 
 
-def test_opcheck_pack_int4_affine_experts():
+def test_opcheck_pack_experts_exact():
     q13, q2, s13, s2 = _one_expert()
     z13 = torch.full(s13.shape, 8, dtype=torch.uint8)
-    torch.library.opcheck(torch.ops.ktmoe.pack_int4_affine_experts.default,
-                          (q13, None, q2, s13, None, s2, z13, None, None, 0))
+    exact = [s13, None, s2, z13, None, None]  # scales, then zero points (down's None: symmetric)
+    torch.library.opcheck(torch.ops.ktmoe.pack_experts.default, (q13, None, q2, "int4_affine", 0, exact))
+    w13, w2 = (torch.empty(s, dtype=torch.uint8) for s in ops._C.packed_sizes(q13, None, q2, "int4_affine", 0, exact))
+    torch.library.opcheck(torch.ops.ktmoe.pack_experts_out.default, (q13, None, q2, "int4_affine", 0, exact, w13, w2))
 
 
 @pytest.mark.parametrize("numa_parts", [1, 2])
@@ -179,10 +191,12 @@ def test_layer_symmetric_checkpoint_and_refusals():
     layer.load_weights(q13, q2, gate_up_scale=s13, down_scale=s2)
     got_gu, got_dn, _ = unpack_experts(layer.packed_tensors())
     assert torch.equal(got_gu, _exact_weights(q13, s13, None, 32))
-    with pytest.raises(ValueError, match="come with float8_e4m3fn experts and weight_format='fp8', not 'bf16', or "
-                                         "with uint8 int4 codes and weight_format='int4_affine'"):
+    with pytest.raises(ValueError, match="come with a quantized checkpoint's exact codes and a weight_format that "
+                                         "packs them .*'int4_affine': uint8 codes with gate_up_scale, down_scale, "
+                                         "gate_up_zero, down_zero.*, not 'bf16'"):
         torch_ktmoe.KTMoE(E, 2, H, I).load_weights(q13, q2, gate_up_scale=s13, down_scale=s2)
-    with pytest.raises(ValueError, match="zero points .* come with weight_format='int4_affine', not 'fp8'"):
+    with pytest.raises(ValueError, match="down_zero does not come with weight_format='fp8', whose experts come with "
+                                         "gate_up_scale, down_scale"):
         torch_ktmoe.KTMoE(E, 2, H, I, weight_format="fp8").load_weights(
             q13, q2, gate_up_scale=s13, down_scale=s2, down_zero=torch.zeros(E, H, 2, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"down_zero must have shape \(5, 300, 5\)"):

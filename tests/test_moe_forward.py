@@ -153,12 +153,12 @@ def test_opcheck_moe_forward(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_opcheck_pack_experts(fmt):
     gate_up, down = random_experts(3, 64, 32)
-    torch.library.opcheck(torch.ops.ktmoe.pack_experts.default, (gate_up, None, down, fmt, 0))
+    torch.library.opcheck(torch.ops.ktmoe.pack_experts.default, (gate_up, None, down, fmt, 0, []))
     torch.library.opcheck(torch.ops.ktmoe.pack_experts.default,
-                          (gate_up[:, :32].contiguous(), gate_up[:, 32:].contiguous(), down, fmt, 0))
+                          (gate_up[:, :32].contiguous(), gate_up[:, 32:].contiguous(), down, fmt, 0, []))
     w13, w2 = (torch.empty(s, dtype=torch.uint8) for s in torch_ktmoe._C.packed_sizes(gate_up, None, down, fmt))
-    torch.library.opcheck(torch.ops.ktmoe.pack_experts_out.default, (gate_up, None, down, fmt, 0, w13, w2))
-    torch.ops.ktmoe.pack_experts_out(gate_up, None, down, fmt, 0, w13, w2)  # opcheck works on copies
+    torch.library.opcheck(torch.ops.ktmoe.pack_experts_out.default, (gate_up, None, down, fmt, 0, [], w13, w2))
+    torch.ops.ktmoe.pack_experts_out(gate_up, None, down, fmt, 0, [], w13, w2)  # opcheck works on copies
     assert all(torch.equal(a, b) for a, b in zip((w13, w2), ops.pack_experts(gate_up, down, fmt, group_size=0)))
 
 
@@ -245,9 +245,9 @@ def test_bad_pack_arguments_raise_clear_errors():
     for bad13 in (torch.empty(e, b13 - 64, dtype=torch.uint8), torch.empty(e, b13, dtype=torch.int8),
                   torch.empty(b13, e, dtype=torch.uint8).t()):
         with pytest.raises(RuntimeError, match=rf"pack_experts_out: w13 must be a contiguous uint8 CPU tensor \[{e}, {b13}\]"):
-            torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, bad13, good2)
+            torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, [], bad13, good2)
     with pytest.raises(RuntimeError, match="w2 must be 64-byte aligned"):
-        torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, good13,
+        torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, [], good13,
                                          torch.empty(e * b2 + 1, dtype=torch.uint8)[1:].view(e, b2))
 
 
@@ -280,7 +280,7 @@ def test_pack_with_a_meta_argument_is_an_error_not_garbage():
         ops.pack_experts(gate_up[:, :32], down, "bf16", up=gate_up[:, 32:].to("meta"))
     w13, w2 = (torch.empty(s, dtype=torch.uint8) for s in torch_ktmoe._C.packed_sizes(gate_up, None, down, "bf16"))
     with pytest.raises(RuntimeError, match="pack_experts_out: w2 is on meta but gate_up is on cpu"):
-        torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, w13, w2.to("meta"))
+        torch.ops.ktmoe.pack_experts_out(gate_up, None, down, "bf16", 0, [], w13, w2.to("meta"))
 
 
 def test_forcing_an_unknown_isa_is_a_clear_error():

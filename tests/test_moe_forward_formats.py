@@ -24,6 +24,21 @@ def test_rows_are_the_formats_everyone_lists():
         assert 0 < row["accuracy_bound"] < 1
 
 
+def test_exact_rows_name_their_checkpoint_inputs():
+    """A row's ``exact`` says what a checkpoint's exact codes come with; ops.exact_names lays out the op's list."""
+    exact = {row["name"]: row["exact"] for row in ROWS if row["exact"] is not None}
+    assert tuple(exact) == ops.EXACT_FORMATS == ("fp8", "int4_affine", "mxfp4")
+    assert [exact[f]["codes"] for f in exact] == [["float8_e4m3fn"], ["uint8"], ["uint8"]]
+    assert exact["int4_affine"]["inputs"] == [
+        {"name": "scale", "dtypes": ["float32", "bfloat16", "float16"], "optional": False},
+        {"name": "zero", "dtypes": ["integer"], "optional": True}]
+    assert exact["mxfp4"]["inputs"] == [{"name": "scale", "dtypes": ["uint8"], "optional": False}]
+    assert ops.exact_names("fp8") == ("gate_up_scale", "up_scale", "down_scale")
+    assert ops.exact_names("int4_affine") == ("gate_up_scale", "up_scale", "down_scale", "gate_up_zero", "up_zero",
+                                              "down_zero")
+    assert all(ops.exact_names(f) == () for f in ops.WEIGHT_FORMATS if f not in exact)
+
+
 def test_an_unknown_format_names_the_known_ones():
     gate_up, down = random_experts(2, 64, 32)
     known = ", ".join(f"'{n}'" for n in ops.WEIGHT_FORMATS[:-1]) + f" or '{ops.WEIGHT_FORMATS[-1]}'"

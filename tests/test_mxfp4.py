@@ -1,4 +1,4 @@
-"""The mxfp4 format: an MXFP4 checkpoint's e2m1 codes and E8M0 scales packed exactly (ktmoe::pack_mxfp4_experts),
+"""The mxfp4 format: an MXFP4 checkpoint's e2m1 codes and E8M0 scales packed exactly (ktmoe::pack_experts with exact),
 dense weights rounded as OCP MX does (the reference's quantize_mxfp4), unpacked back to the dequantized values,
 forwarded on every ISA within the bf16 bound of the dequantized reference (exact weights: only the activations'
 rounding and the summation order are left); its refusals. (The row's table-driven checks: test_moe_forward_formats.)"""
@@ -29,7 +29,11 @@ def random_checkpoint(seed=0, inter=I, extremes=False):
 
 
 def packed_from(gate_up, down):
-    return ops.pack_mxfp4_experts(split_nibbles(gate_up[0]), split_nibbles(down[0]), gate_up[1], down[1])
+    return _pack(split_nibbles(gate_up[0]), split_nibbles(down[0]), gate_up[1], down[1])
+
+
+def _pack(q13, q2, s13, s2, **kwargs):
+    return ops.pack_experts(q13, q2, "mxfp4", gate_up_scale=s13, down_scale=s2, **kwargs)
 
 
 def test_pack_from_checkpoint_bytes_keeps_codes_and_scales():
@@ -50,7 +54,7 @@ def test_pack_from_checkpoint_bytes_keeps_codes_and_scales():
     # separate gate / up tensors pack the same bytes
     gate, up = split_nibbles(gate_up[0]).split(I, 1)
     sg, su = gate_up[1].split(I, 1)
-    sep = ops.pack_mxfp4_experts(gate, split_nibbles(down[0]), sg, down[1], up=up, up_scale=su)
+    sep = _pack(gate, split_nibbles(down[0]), sg, down[1], up=up, up_scale=su)
     assert torch.equal(sep[0], w13) and torch.equal(sep[1], w2)
 
 
@@ -95,21 +99,24 @@ def test_refusals_name_the_problem():
     bad = s2.clone()
     bad[2, 7, 1] = 0xFF
     with pytest.raises(RuntimeError, match=r"expert 2: row 7: scale of k-group 1 is the E8M0 NaN \(0xff\) \(down\)"):
-        ops.pack_mxfp4_experts(q13, q2, s13, bad)
+        _pack(q13, q2, s13, bad)
     bad = q13.clone()
     bad[4, 40, 3] = 16
     with pytest.raises(RuntimeError, match=r"expert 4: row 40, column 3: code 16 is not a 4-bit e2m1 code"):
-        ops.pack_mxfp4_experts(bad, q2, s13, s2)
+        _pack(bad, q2, s13, s2)
     with pytest.raises(RuntimeError, match=r"down_scale must be \[6, 320, 3\] \(one per row and k-group of 32 inputs\)"):
-        ops.pack_mxfp4_experts(q13, q2, s13, s2[..., :2])
-    with pytest.raises(RuntimeError, match="gate_up must be a uint8 CPU tensor .*got Float"):
-        ops.pack_mxfp4_experts(q13.float(), q2, s13, s2)
+        _pack(q13, q2, s13, s2[..., :2])
+    with pytest.raises(RuntimeError, match=r"gate_up must be uint8 \(one e2m1 code 0..15 per byte\), got Float"):
+        _pack(q13.float(), q2, s13, s2)
+    with pytest.raises(RuntimeError, match=r"down_scale must be uint8 \(E8M0 scale bytes\), got Int"):
+        _pack(q13, q2, s13, s2.int())
 
 
-def test_opcheck_pack_mxfp4_experts():
+def test_opcheck_pack_experts_exact():
     gate_up, down = random_checkpoint()
-    args = (split_nibbles(gate_up[0][:2]), None, split_nibbles(down[0][:2]), gate_up[1][:2], None, down[1][:2], 0)
-    torch.library.opcheck(torch.ops.ktmoe.pack_mxfp4_experts.default, args)
+    args = (split_nibbles(gate_up[0][:2]), None, split_nibbles(down[0][:2]), "mxfp4", 0,
+            [gate_up[1][:2], None, down[1][:2]])
+    torch.library.opcheck(torch.ops.ktmoe.pack_experts.default, args)
 
 
 @pytest.mark.parametrize("numa_parts", [1, 2])

@@ -179,11 +179,13 @@ class KTMoE(nn.Module):
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
         Quantized checkpoints, packed exactly ("exact codes + scales", one per (row, group of g
-        inputs): ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]):
+        inputs): ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]), the companions
+        of the format's row (:func:`torch_ktmoe.ops.exact_names`, :func:`torch_ktmoe.ops.pack_experts`):
         ``weight_format="fp8"``: float8_e4m3fn weights, fp32 scales
         (:func:`torch_ktmoe.checkpoint.group_scales`); ``weight_format="int4_affine"``: uint8 codes
         0..15, fp32 / bf16 / fp16 scales and, optionally, integer zero points 0..16 of the scales'
-        shapes ``gate_up_zero`` / ``down_zero`` (``w = s * (q - z)``; None: ``z = 8``).
+        shapes ``gate_up_zero`` / ``down_zero`` (``w = s * (q - z)``; None: ``z = 8``);
+        ``weight_format="mxfp4"``: uint8 e2m1 codes 0..15, uint8 E8M0 scales.
 
         ``fingerprint`` names the source of the weights for the cache (e.g.
         :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
@@ -192,7 +194,8 @@ class KTMoE(nn.Module):
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
-        exact = exact_companions(self, gate_up_scale, down_scale, gate_up_zero, down_zero)
+        exact = exact_companions(self, gate_up_scale=gate_up_scale, down_scale=down_scale, gate_up_zero=gate_up_zero,
+                                 down_zero=down_zero)
         companions = [t for t in (gate_up_scale, down_scale, gate_up_zero, down_zero) if t is not None]
         fingerprint = self._fingerprint(fingerprint, gate_up_proj, down_proj, *companions)
         self._pack(gate_up_proj[:, :inter], gate_up_proj[:, inter:], down_proj, fingerprint, exact)
@@ -228,8 +231,8 @@ class KTMoE(nn.Module):
                     fingerprint: Optional[str] = None, gate_up_scale: Optional[torch.Tensor] = None,
                     down_scale: Optional[torch.Tensor] = None, gate_up_zero: Optional[torch.Tensor] = None,
                     down_zero: Optional[torch.Tensor] = None) -> None:
-        """Give one expert (gate_up [2I, H], down [H, I]; fp8 / int4_affine codes: with their scales and
-        zero points, as :meth:`load_weights` takes them without the expert dimension); the layer is
+        """Give one expert (gate_up [2I, H], down [H, I]; a quantized checkpoint's codes: with their scales
+        (and zero points), as :meth:`load_weights` takes them without the expert dimension); the layer is
         packed when all E are in.
 
         Holds at most one layer's dense experts, so a checkpoint can be streamed

@@ -15,15 +15,17 @@ import torch
 
 from ._native import _C
 
-__all__ = ["moe_forward", "pack_experts", "pack_fp8_experts", "pack_int4_affine_experts", "pack_mxfp4_experts",
-           "InferenceOnlyError",
-           "WEIGHT_FORMATS", "FORMAT_TRAITS", "ACTIVATIONS", "GATED_ACTIVATIONS", "ACTIVATION_DTYPES", "default_group_size",
-           "activation_params"]
+__all__ = ["moe_forward", "pack_experts", "InferenceOnlyError",
+           "WEIGHT_FORMATS", "FORMAT_TRAITS", "EXACT_FORMATS", "ACTIVATIONS", "GATED_ACTIVATIONS", "ACTIVATION_DTYPES",
+           "default_group_size", "exact_names", "activation_params"]
 
 # The weight format traits table of the native kernels (csrc/kernels/weight_formats.h), by name, in id order:
-# each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, ...).
+# each a dict (code_bits, bits_per_weight, group, scales, gemm, codes, accuracy_bound, exact, ...).
 FORMAT_TRAITS = {row["name"]: row for row in _C.weight_formats()}
 WEIGHT_FORMATS = tuple(FORMAT_TRAITS)
+# The formats that also pack a checkpoint's exact codes with their companions (a row's ``exact``: its codes' dtypes
+# and companion inputs, e.g. scales and zero points).
+EXACT_FORMATS = tuple(name for name, row in FORMAT_TRAITS.items() if row["exact"] is not None)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The gated activations between the projections (csrc/kernels/gated_activation.h), by name: each a dict
 # (formula, params: their names in the op's order, defaults, models).
@@ -76,6 +78,14 @@ def default_group_size(weight_format: str) -> int:
     formats, which the kernels resolve to their own default."""
     row = FORMAT_TRAITS[weight_format]
     return row["default_group"] if row["group"] == "row" else 0
+
+
+def exact_names(weight_format: str) -> Tuple[str, ...]:
+    """The companions of ``weight_format``'s exact codes, in the order of the op's ``exact`` list: per input of its
+    row, ``gate_up_<name>``, ``up_<name>``, ``down_<name>`` (fp8: the three scales; int4_affine: the scales, then
+    the zero points). Empty for a format that packs dense weights only."""
+    inputs = (FORMAT_TRAITS[weight_format]["exact"] or {"inputs": ()})["inputs"]
+    return tuple(f"{matrix}_{i['name']}" for i in inputs for matrix in ("gate_up", "up", "down"))
 
 
 class InferenceOnlyError(RuntimeError):
@@ -133,101 +143,49 @@ def _moe_forward_fake(hidden_states, topk_ids, topk_weights, w13, w2, w13_bias=N
 
 def pack_experts(gate_up: torch.Tensor, down: torch.Tensor, weight_format: str = "bf16", *,
                  up: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
-                 arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Pack dense experts into the kernel layout.
+                 arena: Optional[_C.WeightArena] = None,
+                 **exact: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pack experts into the kernel layout: dense weights quantized by ``weight_format``, or a quantized
+    checkpoint's own codes and companions (``exact``) as they are.
 
     gate_up [E, 2I, H] (HF: gate rows then up rows) — or gate [E, I, H] with
-    ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I], fp32|bf16|fp16
+    ``up=`` [E, I, H] (kt-kernel) — and down [E, H, I]
     -> (w13 [E, B13], w2 [E, B2]) uint8, allocated from ``arena`` (default: new
     memory, on transparent huge pages from 2 MiB up).
-    ``group_size``: int4 / fp8 / int4_affine / mxfp4 group along the input dimension (None or 0: the format's
-    default, 32 / 128 / 128 / 32). ``"int4_affine"`` quantizes with GPTQ's min/max per (row, group) (an int4
-    checkpoint's own codes, scales and zero points are packed exactly by :func:`pack_int4_affine_experts`).
-    int8: a scale per (row, group of ``group_size`` inputs; None: 32, :func:`default_group_size`), 0:
-    one per row (per channel); its activations are quantized per the same groups.
-    ``"fp8"`` quantizes: a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even
-    (an FP8 checkpoint's own bytes and scales are packed exactly by :func:`pack_fp8_experts`).
-    ``"mxfp4"`` rounds as OCP MX: an E8M0 scale 2^(floor(log2 max|w|) - 2) per (row, group of 32) and
-    the nearest e2m1 code (an MXFP4 checkpoint's own codes and scales: :func:`pack_mxfp4_experts`).
 
-    With an arena the outputs are taken from it and filled by
+    Dense weights (fp32|bf16|fp16, no ``exact``): ``group_size`` is the int4 / fp8 / int4_affine / mxfp4 group
+    along the input dimension (None or 0: the format's default, 32 / 128 / 128 / 32). int8: a scale per (row,
+    group of ``group_size`` inputs; None: 32, :func:`default_group_size`), 0: one per row (per channel); its
+    activations are quantized per the same groups. ``"int4_affine"`` quantizes with GPTQ's min/max per (row,
+    group); ``"fp8"`` with a scale max|w| / 448 per (row, group), e4m3 rounded to nearest even; ``"mxfp4"`` as
+    OCP MX: an E8M0 scale 2^(floor(log2 max|w|) - 2) per (row, group of 32) and the nearest e2m1 code.
+
+    A checkpoint's exact codes (a format of :data:`EXACT_FORMATS`): gate_up / up / down are its codes in the
+    shapes above and the keywords its companions, named by :func:`exact_names`, each [E, rows, ceil(k/g)] (one
+    per row and k-group of ``group_size`` inputs; 0 or None: the format's default); with ``up=``, ``gate_up_<x>``
+    is the gate's and ``up_<x>`` the up's:
+
+    * ``"fp8"``: float8_e4m3fn weights; ``gate_up_scale``, ``down_scale`` fp32
+      (:func:`torch_ktmoe.checkpoint.fp8.group_scales` makes them from a checkpoint's block or per-row scales).
+    * ``"int4_affine"``: uint8 codes, one 4-bit code 0..15 per byte; ``gate_up_scale``, ``down_scale`` fp32 |
+      bf16 | fp16; ``gate_up_zero``, ``down_zero`` integer zero points 0..16 (``w = s * (q - z)``; GPTQ v1
+      checkpoints store z - 1), or None: symmetric, ``w = s * (q - 8)`` (compressed-tensors pack-quantized).
+    * ``"mxfp4"``: uint8 e2m1 codes, one 0..15 per byte (a checkpoint's ``_blocks`` nibbles split, low nibble
+      first: :func:`torch_ktmoe.checkpoint.mxfp4.split_nibbles`); ``gate_up_scale``, ``down_scale`` uint8 E8M0
+      bytes (``2^(e - 127)``; 0xff, NaN, is refused), group 32 (the MX block).
+
+    With an arena the outputs are taken from it (after every argument check) and filled by
     ``ktmoe::pack_experts_out``; then the arena's file starts writing back, so
     packing more than RAM does not pile up dirty page cache.
     """
     if group_size is None:
         group_size = default_group_size(weight_format) if weight_format in FORMAT_TRAITS else 0  # the op names a bad one
+    companions = _exact_list(weight_format, exact)
     if arena is None:
-        return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size)
-    shape13, shape2 = _C.packed_sizes(gate_up, up, down, weight_format, group_size)  # checks the arguments
-    return _pack_into(arena, shape13, shape2, torch.ops.ktmoe.pack_experts_out,
-                      (gate_up, up, down, weight_format, group_size))
-
-
-def pack_fp8_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
-                     down_scale: torch.Tensor, *, up: Optional[torch.Tensor] = None,
-                     up_scale: Optional[torch.Tensor] = None, group_size: int = 0,
-                     arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Pack an FP8 checkpoint's experts into ``"fp8"``, its e4m3 bytes and scales kept exactly.
-
-    gate_up [E, 2I, H] (or gate [E, I, H] with ``up=``), down [E, H, I], float8_e4m3fn; scales fp32
-    per (row, k-group of ``group_size`` inputs, 0: 128): gate_up_scale [E, 2I, ceil(H/g)] (or the
-    gate's with ``up_scale=``), down_scale [E, H, ceil(I/g)]
-    (:func:`torch_ktmoe.checkpoint.fp8.group_scales` makes them from a checkpoint's block or
-    per-row scales) -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
-    """
-    return _pack_checkpoint("pack_fp8_experts", "fp8", arena, gate_up, up, down, gate_up_scale, up_scale, down_scale,
-                            group_size)
-
-
-def pack_mxfp4_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
-                       down_scale: torch.Tensor, *, up: Optional[torch.Tensor] = None,
-                       up_scale: Optional[torch.Tensor] = None, group_size: int = 0,
-                       arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Pack an MXFP4 checkpoint's experts into ``"mxfp4"``, its e2m1 codes and E8M0 scales kept exactly.
-
-    Codes uint8, one e2m1 code 0..15 per byte (a checkpoint's ``_blocks`` nibbles split, low nibble
-    first: :func:`torch_ktmoe.checkpoint.mxfp4.split_nibbles`): gate_up [E, 2I, H] (or gate [E, I, H]
-    with ``up=``), down [E, H, I]. Scales uint8 E8M0 bytes (``2^(e - 127)``; 0xff, NaN, is refused) per
-    (row, k-group of ``group_size`` inputs, 0: 32, the MX block): gate_up_scale [E, 2I, ceil(H/g)] (or
-    the gate's, with ``up_scale=``), down_scale [E, H, ceil(I/g)] -> (w13 [E, B13], w2 [E, B2]) uint8,
-    from ``arena`` as :func:`pack_experts`.
-    """
-    return _pack_checkpoint("pack_mxfp4_experts", "mxfp4", arena, gate_up, up, down, gate_up_scale, up_scale,
-                            down_scale, group_size)
-
-
-def _pack_checkpoint(op: str, weight_format: str, arena, gate_up, up, down, *rest):
-    """``ktmoe::<op>(gate_up, up, down, *rest)`` (rest ending in group_size), into ``arena``'s tensors if given."""
-    args = (gate_up, up, down, *rest)
-    if arena is None:
-        return getattr(torch.ops.ktmoe, op)(*args)
-    return _pack_into(arena, *_packed_shapes(gate_up, up, down, weight_format, rest[-1]),
-                      getattr(torch.ops.ktmoe, op + "_out"), args)  # the op checks the arguments
-
-
-def pack_int4_affine_experts(gate_up: torch.Tensor, down: torch.Tensor, gate_up_scale: torch.Tensor,
-                             down_scale: torch.Tensor, gate_up_zero: Optional[torch.Tensor] = None,
-                             down_zero: Optional[torch.Tensor] = None, *, up: Optional[torch.Tensor] = None,
-                             up_scale: Optional[torch.Tensor] = None, up_zero: Optional[torch.Tensor] = None,
-                             group_size: int = 0,
-                             arena: Optional[_C.WeightArena] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Pack an int4 checkpoint's experts into ``"int4_affine"``, codes, scales and zero points kept exactly.
-
-    Codes uint8, one 4-bit code 0..15 per byte: gate_up [E, 2I, H] (or gate [E, I, H] with ``up=``),
-    down [E, H, I]. Scales fp32 | bf16 | fp16 per (row, k-group of ``group_size`` inputs, 0: 128):
-    gate_up_scale [E, 2I, ceil(H/g)] (or the gate's, with ``up_scale=``), down_scale [E, H, ceil(I/g)].
-    Zero points: integer tensors of the scales' shapes with values 0..16 (``w = s * (q - z)``; GPTQ v1
-    checkpoints store z - 1), or None: symmetric, ``w = s * (q - 8)`` (compressed-tensors
-    pack-quantized). -> (w13 [E, B13], w2 [E, B2]) uint8, from ``arena`` as :func:`pack_experts`.
-    """
-    return _pack_checkpoint("pack_int4_affine_experts", "int4_affine", arena, gate_up, up, down, gate_up_scale,
-                            up_scale, down_scale, gate_up_zero, up_zero, down_zero, group_size)
-
-
-def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``pack_out(*args, w13, w2)`` into tensors taken from ``arena``, then the arena's writeback starts."""
+        return torch.ops.ktmoe.pack_experts(gate_up, up, down, weight_format, group_size, companions)
+    shape13, shape2 = _C.packed_sizes(gate_up, up, down, weight_format, group_size, companions)  # checks the arguments
     w13, w2 = arena.empty(shape13), arena.empty(shape2)
-    pack_out(*args, w13, w2)
+    torch.ops.ktmoe.pack_experts_out(gate_up, up, down, weight_format, group_size, companions, w13, w2)
     try:
         arena.writeback(False)  # only starts writeback: pages turn clean (reclaimable) early
     except RuntimeError:
@@ -235,11 +193,41 @@ def _pack_into(arena, shape13, shape2, pack_out, args) -> Tuple[torch.Tensor, to
     return w13, w2
 
 
+def _exact_list(weight_format: str, exact: Mapping[str, Optional[torch.Tensor]]) -> list:
+    """The op's ``exact`` list from the companions by name, None where absent ([]: none given, dense weights)."""
+    unknown = sorted(exact.keys() - {n for fmt in EXACT_FORMATS for n in exact_names(fmt)})
+    if unknown:
+        raise TypeError(f"pack_experts() got unexpected keyword arguments {unknown}")
+    given = sorted(name for name, t in exact.items() if t is not None)
+    if not given or weight_format not in FORMAT_TRAITS:  # the op names a bad format
+        return []
+    names = exact_names(weight_format)
+    if not names:
+        raise ValueError(f"weight_format {weight_format!r} packs dense weights only, got {given}; a checkpoint's "
+                         f"exact codes are packed as one of {EXACT_FORMATS}")
+    if not set(given) <= set(names):
+        raise ValueError(f"weight_format {weight_format!r} takes the companions {names}, got {given}")
+    return [exact.get(name) for name in names]
+
+
 @torch.library.register_fake("ktmoe::pack_experts")
-def _pack_experts_fake(gate_up, up, down, weight_format, group_size):
-    _check_same_device("pack_experts", "gate_up", gate_up, up=up, down=down)
+def _pack_experts_fake(gate_up, up, down, weight_format, group_size, exact):
+    _check_same_device("pack_experts", "gate_up", gate_up, up=up, down=down, **_named(weight_format, exact))
     shape13, shape2 = _packed_shapes(gate_up, up, down, weight_format, group_size)
     return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
+
+
+@torch.library.register_fake("ktmoe::pack_experts_out")
+def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, exact, w13, w2):
+    _check_same_device("pack_experts_out", "gate_up", gate_up, up=up, down=down, w13=w13, w2=w2,
+                       **_named(weight_format, exact))
+    return None
+
+
+def _named(weight_format, exact) -> dict:
+    """The ``exact`` list by its names (for messages; the op checks its length)."""
+    names = exact_names(weight_format) if weight_format in FORMAT_TRAITS else ()
+    return {names[i] if i < len(names) else f"exact[{i}]": t for i, t in enumerate(exact)}
 
 
 def _packed_shapes(gate_up, up, down, weight_format, group_size):
@@ -249,53 +237,6 @@ def _packed_shapes(gate_up, up, down, weight_format, group_size):
     b13 = _C.packed_matrix_bytes(weight_format, "gate_up", 2 * inter, hidden, group_size)
     b2 = _C.packed_matrix_bytes(weight_format, "down", hidden, inter, group_size)
     return (experts, b13), (experts, b2)
-
-
-@torch.library.register_fake("ktmoe::pack_experts_out")
-def _pack_experts_out_fake(gate_up, up, down, weight_format, group_size, w13, w2):
-    _check_same_device("pack_experts_out", "gate_up", gate_up, up=up, down=down, w13=w13, w2=w2)
-    return None
-
-
-def _register_scaled_pack_fakes(op: str, weight_format: str) -> None:
-    """The fakes of ``ktmoe::<op>`` and ``<op>_out``, whose arguments are (gate_up, up, down, gate_up_scale,
-    up_scale, down_scale, group_size[, w13, w2]): fp8's and mxfp4's."""
-    def fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size):
-        _check_same_device(op, "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
-                           up_scale=up_scale, down_scale=down_scale)
-        shape13, shape2 = _packed_shapes(gate_up, up, down, weight_format, group_size)
-        return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
-
-    def fake_out(gate_up, up, down, gate_up_scale, up_scale, down_scale, group_size, w13, w2):
-        _check_same_device(op + "_out", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
-                           up_scale=up_scale, down_scale=down_scale, w13=w13, w2=w2)
-        return None
-
-    torch.library.register_fake(f"ktmoe::{op}")(fake)
-    torch.library.register_fake(f"ktmoe::{op}_out")(fake_out)
-
-
-_register_scaled_pack_fakes("pack_fp8_experts", "fp8")
-_register_scaled_pack_fakes("pack_mxfp4_experts", "mxfp4")
-
-
-@torch.library.register_fake("ktmoe::pack_int4_affine_experts")
-def _pack_int4_affine_experts_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero, up_zero,
-                                   down_zero, group_size):
-    _check_same_device("pack_int4_affine_experts", "gate_up", gate_up, up=up, down=down, gate_up_scale=gate_up_scale,
-                       up_scale=up_scale, down_scale=down_scale, gate_up_zero=gate_up_zero, up_zero=up_zero,
-                       down_zero=down_zero)
-    shape13, shape2 = _packed_shapes(gate_up, up, down, "int4_affine", group_size)
-    return gate_up.new_empty(shape13, dtype=torch.uint8), gate_up.new_empty(shape2, dtype=torch.uint8)
-
-
-@torch.library.register_fake("ktmoe::pack_int4_affine_experts_out")
-def _pack_int4_affine_experts_out_fake(gate_up, up, down, gate_up_scale, up_scale, down_scale, gate_up_zero,
-                                       up_zero, down_zero, group_size, w13, w2):
-    _check_same_device("pack_int4_affine_experts_out", "gate_up", gate_up, up=up, down=down,
-                       gate_up_scale=gate_up_scale, up_scale=up_scale, down_scale=down_scale,
-                       gate_up_zero=gate_up_zero, up_zero=up_zero, down_zero=down_zero, w13=w13, w2=w2)
-    return None
 
 
 def _inference_only(op: str, what: str = "packed experts (KTMoE, and models patched by torch_ktmoe.hf)",
@@ -309,9 +250,6 @@ def _inference_only(op: str, what: str = "packed experts (KTMoE, and models patc
 
 torch.library.register_autograd("ktmoe::moe_forward", _inference_only("moe_forward"))
 torch.library.register_autograd("ktmoe::pack_experts", _inference_only("pack_experts"))
-torch.library.register_autograd("ktmoe::pack_fp8_experts", _inference_only("pack_fp8_experts"))
-torch.library.register_autograd("ktmoe::pack_int4_affine_experts", _inference_only("pack_int4_affine_experts"))
-torch.library.register_autograd("ktmoe::pack_mxfp4_experts", _inference_only("pack_mxfp4_experts"))
 
 
 # ---------------------------------------------------------------- dense linears (ops/linear.cpp)

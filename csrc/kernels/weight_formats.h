@@ -14,12 +14,16 @@
 //   codes, codebook,    how Python's unpack (torch_ktmoe/unpack.py) turns codes and
 //   code_offset         scales back into weights
 //   accuracy_bound      the error each format must meet in the tests (tests/conftest.py)
+//   exact               what a checkpoint's exact codes come with (ExactFormat: the companion
+//                       inputs' names, element types, None allowed) and the decoder that packs
+//                       them as they are (ops/pack_exact.cpp checks them; nullptr: dense only)
 //
 // The byte layout of each format is specified in packed_format.h; the row packer
 // of each is in pack.cpp (pack_matrix), its gemms under generic/, avx2/, avx512/.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ktmoe {
 
@@ -73,6 +77,57 @@ enum class CodeValue : uint8_t {
   kE2m1 = 5,      // the 4-bit code is an FP4 e2m1 value (mxfp4_format.h)
 };
 
+// Element types of an exact checkpoint's tensors, as a mask (ops/pack_exact.cpp maps them to ATen's).
+enum ElementTypes : uint32_t {
+  kElemF32 = 1,
+  kElemBF16 = 2,
+  kElemF16 = 4,
+  kElemU8 = 8,
+  kElemE4m3 = 16,
+  kElemInteger = 32,  // any integer type: range-checked, then narrowed to uint8
+};
+
+// What the decoder reads of a companion input: floats widened exactly to fp32, or bytes.
+enum class ExactStorage : uint8_t { kF32 = 0, kU8 = 1 };
+
+// One companion input of an exact format. The op takes it per matrix, as
+// exact[3 i + 0, 1, 2] = gate_up_<name> (gate_<name> beside separate up codes), up_<name>, down_<name>.
+struct ExactInput {
+  const char* name;       // "scale", "zero"
+  uint32_t accepted;      // ElementTypes mask
+  ExactStorage storage;
+  int none_value;         // >= 0 (kU8 storage): may be None, meaning every value is this (int4_affine's z = 8);
+                          // -1: required (up_<name> only with separate up codes)
+  int max_value;          // kElemInteger: values must lie in [0, max_value] (checked before narrowing); else -1
+  const char* what;       // "" or what the values are, in messages ("zero points", "E8M0 scale bytes")
+  const char* range_note; // "" or a hint after a value out of range
+};
+
+// Row r's values of one input, in its storage (the other pointer nullptr).
+struct ExactRows {
+  const float* const* f32;
+  const uint8_t* const* u8;
+};
+
+// Packs one expert matrix from its exact codes (codes[r]: dense row r's k code bytes, r < header.n) and inputs
+// (inputs[i]: the rows of ExactFormat::inputs[i], each kp/group values) into out (header.total_bytes bytes,
+// 64-byte aligned). Throws std::domain_error naming `expert`, row and column (or group) for a value the format
+// cannot hold, before anything is written.
+using ExactPackEntry = void (*)(const PackedMatrixHeader& header, const uint8_t* const* codes,
+                                const ExactRows* inputs, int64_t expert, uint8_t* out);
+
+constexpr int kMaxExactInputs = 2;
+
+// A format that packs a checkpoint's exact codes: the codes' type, the companions, the decoder.
+struct ExactFormat {
+  uint32_t codes;          // ElementTypes of the codes (one byte each)
+  const char* codes_what;  // what a code byte is, in messages
+  int num_inputs;
+  ExactInput inputs[kMaxExactInputs];
+  ExactPackEntry pack;
+  const char* refusal;     // "" or why the decoder's refusals matter, after its error
+};
+
 using GemmBF16Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda,
                                             int64_t m, int64_t b0, int64_t b1, float* c, int64_t ldc);
 using GemmInt8Entry = void (*IsaKernels::*)(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m,
@@ -98,6 +153,7 @@ struct WeightFormatTraits {
   int code_offset;             // kOffset
   const int* codebook;         // kCodebook: 1 << code_bits levels
   double accuracy_bound;       // mean|out - ref| / mean|ref| against fp32 experts (tests)
+  const ExactFormat* exact;    // a checkpoint's exact codes + companions, or nullptr (dense weights only)
 
   // The columns of a kp-column activation row one scale covers (kInt8 rows of a matrix of header.group).
   int64_t activation_scale_group(int64_t kp, int64_t group) const {
@@ -124,5 +180,11 @@ const WeightFormatTraits& format_traits(WeightFormat format);
 // "'bf16', 'int8', ... or 'int4_affine'" and "0 (bf16), 1 (int8), ... or 4 (int4_affine)": for error messages.
 std::string weight_format_names();
 std::string weight_format_ids();
+// The names of an ElementTypes mask's types, in bit order: "float32", "bfloat16", "float16", "uint8",
+// "float8_e4m3fn", "integer" (torch's dtype names; integer: any integer type).
+std::vector<std::string> element_type_names(uint32_t types);
+// "'fp8', 'int4_affine' or 'mxfp4'": the rows with an exact decoder (whose codes are of `codes`, an ElementTypes
+// mask; 0: any).
+std::string exact_format_names(uint32_t codes = 0);
 
 }  // namespace ktmoe

@@ -2,9 +2,12 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <array>
 #include <tuple>
+#include <vector>
 
 #include "kernels/packed_format.h"
+#include "kernels/weight_formats.h"
 
 namespace ktmoe {
 
@@ -20,75 +23,37 @@ at::Tensor moe_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
                        const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
                        c10::string_view activation, at::ArrayRef<double> activation_params, bool prefetch);
 
-// What pack_experts will make of its inputs (after every argument check): E and
-// the packed headers of w13 (gate_up) and w2 (down); each output is [E, total_bytes].
+// One exact input's tensors (ops/pack_exact.h): of gate_up (or gate), up (undefined without up), down.
+using ExactSlots = std::array<at::Tensor, 3>;
+
+// What pack_experts will make of its inputs (after every argument check): E, the format's row, the
+// packed headers of w13 (gate_up) and w2 (down), each output [E, total_bytes]; and a checkpoint's
+// exact companions, checked and in their decoder's storage, by input (empty: dense weights).
 struct PackPlan {
   int64_t experts = 0;
+  const WeightFormatTraits* row = nullptr;
   PackedMatrixHeader h13{}, h2{};
+  std::vector<ExactSlots> exact;
 };
 PackPlan plan_pack(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-                   c10::string_view weight_format, int64_t group_size);
-// The shape checks and headers of any pack op (`op` names it in errors); dtypes are the op's own.
-PackPlan plan_pack_shapes(const char* op, const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
-                          const at::Tensor& down, WeightFormat format, int64_t group_size);
+                   c10::string_view weight_format, int64_t group_size,
+                   const std::vector<c10::optional<at::Tensor>>& exact);
 
-// gate_up [E, 2I, H] (or gate [E, I, H] with up [E, I, H]), down [E, H, I]
-// -> (w13 [E, B13], w2 [E, B2]) uint8 on the default CPU allocator.
-std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up,
-                                                const c10::optional<at::Tensor>& up,
+// Dense weights: gate_up [E, 2I, H] (or gate [E, I, H] with up [E, I, H]), down [E, H, I], fp32 | bf16 | fp16,
+// quantized by the format; exact empty. Or a checkpoint's exact codes in the same shapes, exact = the format's
+// companions (its row's ExactFormat: exact[3 i + 0, 1, 2] = gate_up_<name> [E, 2I, ceil(H/g)] (or gate_<name>
+// [E, I, ceil(H/g)]), up_<name> (None without up), down_<name> [E, H, ceil(I/g)], g the format's group), packed
+// as they are (ops/pack_exact.cpp)
+// -> (w13 [E, B13], w2 [E, B2]) uint8 in new memory (ops/weight_bytes.h).
+std::tuple<at::Tensor, at::Tensor> pack_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
                                                 const at::Tensor& down, c10::string_view weight_format,
-                                                int64_t group_size);
+                                                int64_t group_size, const c10::List<c10::optional<at::Tensor>>& exact);
 
 // The same into outputs the caller allocated (e.g. from a WeightArena):
 // w13 [E, B13], w2 [E, B2] uint8, contiguous, 64-byte aligned; written in full.
 void pack_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-                      c10::string_view weight_format, int64_t group_size, const at::Tensor& w13,
-                      const at::Tensor& w2);
-
-// An FP8 checkpoint's experts, bytes and scales kept: gate_up [E, 2I, H] (or gate with up
-// [E, I, H]), down [E, H, I] float8_e4m3fn; scales fp32 per (row, k-group of group_size
-// inputs, 0 -> 128): gate_up_scale [E, 2I, ceil(H/g)] (or gate / up_scale [E, I, ceil(H/g)]),
-// down_scale [E, H, ceil(I/g)] -> (w13 [E, B13], w2 [E, B2]) uint8 in kFP8.
-std::tuple<at::Tensor, at::Tensor> pack_fp8_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
-                                                    const at::Tensor& down, const at::Tensor& gate_up_scale,
-                                                    const c10::optional<at::Tensor>& up_scale,
-                                                    const at::Tensor& down_scale, int64_t group_size);
-// The same into outputs the caller allocated (as pack_experts_out).
-void pack_fp8_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-                          const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale,
-                          const at::Tensor& down_scale, int64_t group_size, const at::Tensor& w13,
-                          const at::Tensor& w2);
-
-// An int4 checkpoint's experts, codes, scales and zero points kept: gate_up [E, 2I, H] (or gate
-// with up [E, I, H]), down [E, H, I] uint8 codes 0..15; scales fp32 | bf16 | fp16 per (row,
-// k-group of group_size inputs, 0 -> 128) [E, rows, ceil(k/g)]; zero points integer 0..16 of the
-// scales' shape, or None (symmetric: z = 8) -> (w13 [E, B13], w2 [E, B2]) uint8 in kINT4A.
-std::tuple<at::Tensor, at::Tensor> pack_int4_affine_experts(
-    const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-    const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale, const at::Tensor& down_scale,
-    const c10::optional<at::Tensor>& gate_up_zero, const c10::optional<at::Tensor>& up_zero,
-    const c10::optional<at::Tensor>& down_zero, int64_t group_size);
-// The same into outputs the caller allocated (as pack_experts_out).
-void pack_int4_affine_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
-                                  const at::Tensor& down, const at::Tensor& gate_up_scale,
-                                  const c10::optional<at::Tensor>& up_scale, const at::Tensor& down_scale,
-                                  const c10::optional<at::Tensor>& gate_up_zero,
-                                  const c10::optional<at::Tensor>& up_zero,
-                                  const c10::optional<at::Tensor>& down_zero, int64_t group_size,
-                                  const at::Tensor& w13, const at::Tensor& w2);
-
-// An MXFP4 checkpoint's experts, codes and scales kept: gate_up [E, 2I, H] (or gate with up
-// [E, I, H]), down [E, H, I] uint8 e2m1 codes 0..15; uint8 E8M0 scales per (row, k-group of
-// group_size inputs, 0 -> 32) [E, rows, ceil(k/g)] -> (w13 [E, B13], w2 [E, B2]) uint8 in kMXFP4.
-std::tuple<at::Tensor, at::Tensor> pack_mxfp4_experts(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up,
-                                                      const at::Tensor& down, const at::Tensor& gate_up_scale,
-                                                      const c10::optional<at::Tensor>& up_scale,
-                                                      const at::Tensor& down_scale, int64_t group_size);
-// The same into outputs the caller allocated (as pack_experts_out).
-void pack_mxfp4_experts_out(const at::Tensor& gate_up, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-                            const at::Tensor& gate_up_scale, const c10::optional<at::Tensor>& up_scale,
-                            const at::Tensor& down_scale, int64_t group_size, const at::Tensor& w13,
-                            const at::Tensor& w2);
+                      c10::string_view weight_format, int64_t group_size,
+                      const c10::List<c10::optional<at::Tensor>>& exact, const at::Tensor& w13, const at::Tensor& w2);
 
 // Bytes of one packed expert matrix (the row stride of pack_experts' outputs).
 int64_t packed_matrix_bytes(c10::string_view weight_format, c10::string_view role, int64_t n,

@@ -11,9 +11,10 @@ float8_e8m0fnu, read exactly as 2^(e - 127); the NaN code 0xFF is refused):
 ``w[r, c] = e4m3(q[r, c]) * scale`` of the block (or row) holding (r, c).
 
 :class:`Fp8Experts` reads them one expert at a time, either exactly (:meth:`~Fp8Experts.fp8_experts`:
-the e4m3 tensors and the scales per (row, k-group) that ``torch_ktmoe.ops.pack_fp8_experts``
-packs into the ``fp8`` format as they are) or dequantized to fp32 (:meth:`~Fp8Experts.experts`,
-for the other formats). No dequantized copy of a layer is ever made in the exact path.
+the e4m3 tensors and the scales per (row, k-group) that ``torch_ktmoe.ops.pack_experts(..., "fp8",
+gate_up_scale=..., down_scale=...)`` packs into the ``fp8`` format as they are) or dequantized to fp32
+(:meth:`~Fp8Experts.experts`, for the other formats). No dequantized copy of a layer is ever made in the exact
+path.
 """
 from __future__ import annotations
 

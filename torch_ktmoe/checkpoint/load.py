@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .. import ops
 from ..cache import layer_fingerprint
 from ..paths import utf8_path
 from ..layer import KTMoE
@@ -104,13 +105,15 @@ def load_experts(num_experts: int, top_k: int, hidden_size: int, intermediate_si
                      **ktmoe_kwargs)
     fingerprint = layer_fingerprint(source, key)
     if not ktm.try_load_cached(fingerprint):
-        for slot, (gate_up, down, *scales) in enumerate(experts):
-            if len(scales) == 4:  # int4 codes with scales and zero points: as they are
-                ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
-                                gate_up_zero=scales[2], down_zero=scales[3], fingerprint=fingerprint)
-            elif scales:  # e4m3 (or e2m1 codes) with its scales: as they are
-                ktm.load_expert(slot, gate_up, down, gate_up_scale=scales[0], down_scale=scales[1],
-                                fingerprint=fingerprint)
+        # a checkpoint's exact codes come with the companions of the format's row, in its order (scales, then
+        # zero points), each of gate_up then down
+        names = [n for n in ops.exact_names(ktm.weight_format) if not n.startswith("up_")]
+        for slot, (gate_up, down, *companions) in enumerate(experts):
+            if companions and len(companions) != len(names):
+                raise ValueError(f"{key}: expert {slot} comes with {len(companions)} scale / zero point tensors, "
+                                 f"weight_format={ktm.weight_format!r} takes {names or 'none (dense weights)'}")
+            if companions:  # codes with their scales (and zero points): as they are
+                ktm.load_expert(slot, gate_up, down, **dict(zip(names, companions)), fingerprint=fingerprint)
             else:
                 ktm.load_expert(slot, as_kernel_input(gate_up, dtype), as_kernel_input(down, dtype),
                                 fingerprint=fingerprint)

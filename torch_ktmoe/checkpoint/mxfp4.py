@@ -22,7 +22,7 @@ _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -
 
 def split_nibbles(blocks: torch.Tensor) -> torch.Tensor:
     """blocks [..., G, 16] uint8 -> the e2m1 codes [..., G * 32], one per byte (the low nibble first), as
-    :func:`torch_ktmoe.ops.pack_mxfp4_experts` takes them."""
+    :func:`torch_ktmoe.ops.pack_experts` takes an MXFP4 checkpoint's codes."""
     return torch.stack([blocks & 0x0F, blocks >> 4], -1).flatten(-3)
 
 
