@@ -90,10 +90,11 @@ def test_off_unless_asked_and_auto_follows_the_fit(tmp_path, reads, monkeypatch)
     NextLayerPredictor(router, anonymous)(torch.randn(1, H))
     assert not anonymous.next_layer_prefetching and not reads and anonymous.residency_stats() is None
     monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: True)
-    fits = _layer(tmp_path / "fits")
+    fits = _layer(tmp_path / "fits", next_layer_prefetch="auto")
     assert not fits.next_layer_prefetching
     monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: False)
-    big = _layer(tmp_path / "big")
+    assert not _layer(tmp_path / "default").next_layer_prefetching  # off unless asked, fitting or not
+    big = _layer(tmp_path / "big", next_layer_prefetch="auto")
     assert big.next_layer_prefetching
     assert not _layer(tmp_path / "off", next_layer_prefetch=False).next_layer_prefetching
     NextLayerPredictor(router, big)(torch.randn(1, H))
@@ -168,7 +169,7 @@ def test_hf_outputs_are_the_same_with_and_without_it(reads):
 def test_hf_off_while_the_experts_fit(tmp_path, reads, monkeypatch):
     monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: True)
     model = make_model("qwen3_moe", num_hidden_layers=3)
-    report = hf.patch_model(model, mmap_experts_dir=tmp_path)
+    report = hf.patch_model(model, mmap_experts_dir=tmp_path, next_layer_prefetch="auto")
     assert report.next_layer_predicted == [1, 2]  # wired ("auto"), but not running
     with torch.no_grad():
         model(PROMPT)

@@ -335,7 +335,8 @@ def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_p
     cpu_routed = int((routed >= 2).sum())  # experts 0 and 1 are on the GPU: skipped
     assert s["predicted_routed"] == cpu_routed and s["recall"] == 1.0
     assert len(reads) == 1 and reads[0].min() >= 0 and reads[0].max() < second.num_cpu_experts
-    off = KTMoEWrapper(L + 1, E, K, H, I, num_gpu_experts=2, weight_path=path, method="BF16")  # "auto", anonymous
+    off = KTMoEWrapper(L + 1, E, K, H, I, num_gpu_experts=2, weight_path=path, method="BF16",
+                       next_layer_prefetch="auto")  # anonymous
     off.load_weights()
     assert not off.moe.next_layer_prefetching
     first._predictor = first._following = None

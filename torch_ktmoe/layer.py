@@ -82,8 +82,9 @@ class KTMoE(nn.Module):
             (~35 us a forward at decode); ``True`` / ``False``: always / never.
         next_layer_prefetch: let the previous MoE layer predict this layer's experts from its hidden state and
             read them ahead while it computes (:mod:`torch_ktmoe.next_layer`; wired by ``torch_ktmoe.hf``'s
-            loaders). ``"auto"`` (default): while the file-backed experts do not fit in memory (``prefetch="auto"``'s
-            decision); ``True`` / ``False`` force it. Outputs are the same either way; the predictions' recall
+            loaders). ``False`` (default: on a disk-bound stack it read more and decoded slower, docs/memory.md);
+            ``"auto"``: while the file-backed experts do not fit in memory (``prefetch="auto"``'s decision);
+            ``True``: always. Outputs are the same either way; the predictions' recall
             shows in :meth:`residency_stats`.
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
@@ -112,7 +113,7 @@ class KTMoE(nn.Module):
                  hugepage: bool = True, warm: str = "auto", cache: Optional[str] = None,
                  verify: str = "header", cache_trust_others: bool = False, activation: str = "silu",
                  activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto",
-                 residency: Union[str, bool] = "auto", next_layer_prefetch: Union[str, bool] = "auto"):
+                 residency: Union[str, bool] = "auto", next_layer_prefetch: Union[str, bool] = False):
         super().__init__()
         for name, mode in (("prefetch", prefetch), ("residency", residency),
                            ("next_layer_prefetch", next_layer_prefetch)):

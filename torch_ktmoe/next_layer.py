@@ -18,11 +18,11 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   pool's I/O threads, so the disk works while layer L's experts compute. It only reads into the page cache:
   every output is the same with and without it.
 
-It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: ``"auto"``, while its
-file-backed experts do not fit in memory, the decision of ``prefetch="auto"``), never inside a compiled graph
-(``torch.compiler.is_compiling()``), and never for a hash-routed layer (DeepSeek-V4's first layers: their experts
-follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a top-k' and a
-``unique`` per layer and forward (measured in docs/memory.md).
+It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: off by default;
+``"auto"``, while its file-backed experts do not fit in memory, the decision of ``prefetch="auto"``; ``True``), never
+inside a compiled graph (``torch.compiler.is_compiling()``), and never for a hash-routed layer (DeepSeek-V4's first
+layers: their experts follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a
+top-k' and a ``unique`` per layer and forward (measured in docs/memory.md).
 
 Recall. The predicted ids wait on layer L+1 (:class:`PredictionRecall`); its next forward compares them with the
 ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),

@@ -7,12 +7,12 @@ layer, 2.9 GB in all), packed once into kept cache files, each with a random rou
 per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
 the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
-k' = ``--k-prime``, default 2k) and reads them ahead through the reader pool (``--next-layer off``: no predictor,
-only ``moe_forward``'s own read-ahead of the routed experts; ``--next-layer on,off`` alternates the two per routing,
-``--rounds`` times). Per routing and mode, one child process inside a fresh
-``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
-(``POSIX_FADV_DONTNEED``), maps the files (KTMoE defaults: ``prefetch="auto"``, ``next_layer_prefetch="auto"``:
-on, the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
+k' = ``--k-prime``, default 2k) and reads them ahead through the reader pool (``--reader-threads``;
+``--next-layer off``: no predictor, only ``moe_forward``'s own read-ahead of the routed experts;
+``--next-layer on,off`` alternates the two per routing, ``--rounds`` times). Per routing and mode, one child process
+inside a fresh ``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
+(``POSIX_FADV_DONTNEED``), maps the files (``prefetch="auto"``, and ``next_layer_prefetch="auto"`` where on: both on,
+the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
 measured tokens: tok/s, the disk rate while the layers waited on it (``residency_report``: read_bytes / the
 forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
 of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per
@@ -72,7 +72,7 @@ def pack(directory: str, layers: int, dims: dict, threads: int) -> list:
 
 
 def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: str, threads: str, k_prime: str,
-           out: str) -> None:
+           reader_threads: str, out: str) -> None:
     """The child: maps the stack, decodes, writes its figures to ``out`` (see the module)."""
     import resource
     import time
@@ -86,12 +86,16 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
     from torch_ktmoe.residency import process_read_bytes
 
     torch.set_num_threads(int(threads))
+    if int(reader_threads) >= 0:
+        from torch_ktmoe import expert_reads
+
+        expert_reads.set_reader_threads(int(reader_threads))
     dims = json.loads(dims_json)
     routers = torch.load(os.path.join(directory, "routers.pt"))
     layers = []
     for layer in range(routers.shape[0]):
         ktm = KTMoE(**dims, weight_format="int8", mmap_experts_dir=directory, layer_idx=layer, numa_parts=1,
-                    cache="map", residency=True)
+                    cache="map", residency=True, next_layer_prefetch="auto" if int(k_prime) >= 0 else False)
         if not ktm.try_load_cached(fingerprint(layer)):
             raise SystemExit(f"layer {layer}: no valid cache file in {directory}: {ktm.cache_events}")
         layers.append(ktm)
@@ -140,7 +144,8 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     if "tok_s" not in res:
-        return f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | {load:.1f} |"
+        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | "
+                f"{load:.1f} |")
     r = res["residency"]
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
     overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
@@ -168,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k-prime", type=int, default=0, help="experts the next-layer predictor names per token "
                     "(0: 2k)")
     ap.add_argument("--next-layer", default="on", help="on, off or on,off (alternated): next-layer prefetch")
+    ap.add_argument("--reader-threads", type=int, default=-1, help="the reader pool's threads (-1: its default; "
+                    "0: next-layer reads become MADV_WILLNEED from the compute thread)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each (routing, mode), alternated")
     ap.add_argument("--roof-gib", type=float, default=2.0, help="bytes the disk roof reads per pattern")
     ap.add_argument("--workdir", default=None, help="where the packed stack goes (default: a temporary directory "
@@ -194,7 +201,8 @@ def main(argv=None) -> int:
                     drop_file_pages(files)  # cold: every expert comes from the disk at first
                     res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
                                                [work, json.dumps(dims), routing, args.warmup, args.tokens,
-                                                args.threads, args.k_prime if mode == "on" else -1, out],
+                                                args.threads, args.k_prime if mode == "on" else -1,
+                                                args.reader_threads, out],
                                                timeout=1800)
                     load = os.getloadavg()[0]
                     if res.returncode == 0:
@@ -209,7 +217,8 @@ def main(argv=None) -> int:
               f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
               f"{args.threads} threads")
         print(roof_line(roof) + "\n")
-        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best) | disk GB/s over decode (% of best) | "
+        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best) | "
+              "disk GB/s over decode (% of best) | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or 2 * args.top_k}) | "
               "prefetch / next-layer | "
               "load avg |")

@@ -20,8 +20,8 @@ releases the GIL, so the caller's GPU work overlaps it.
 Next-layer prefetch (:mod:`torch_ktmoe.next_layer`). sglang's model keeps each layer's router on the GPU and
 hands a wrapper only its own layer's inputs, so the wrapper reads the next MoE layer's router from the
 checkpoint itself (``{block}.gate.weight`` / ``router.weight``, its bias and ``e_score_correction_bias`` under
-the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``, ``"auto"``:
-while its file-backed experts do not fit). Before running its experts, a wrapper applies it to the
+the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``: off by default;
+``"auto"``: while its file-backed experts do not fit). Before running its experts, a wrapper applies it to the
 hidden state it was given and reads the predicted experts that the next wrapper holds on the CPU ahead (logical
 ids -> that wrapper's CPU slots; GPU experts are not read). The next layer is the live wrapper of the next
 higher ``layer_idx`` in the process.
@@ -157,16 +157,14 @@ class KTMoEWrapper:
     k, ``hidden_size`` H, ``moe_intermediate_size`` I; ``num_gpu_experts`` G (experts
     ``[0, G)`` on the GPU) or ``gpu_experts_mask`` (bool [E]); ``weight_path`` the
     safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
-    ``mmap_experts_dir`` keeps the packed experts in files there (default:
-    ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by ``--kt-mmap-experts-dir``; ``""``: anonymous memory;
-    with a directory, the packed cache is reused across restarts); ``activation`` /
-    ``activation_params`` the experts' gated activation, a row of ``ops.GATED_ACTIVATIONS`` (default
-    ``"silu"``; sglang 0.5.23's KT path passes none); ``next_layer_prefetch`` (``"auto"``, ``True``, ``False``):
-    KTMoE's, whether the previous layer's wrapper reads this layer's predicted experts ahead (module docstring).
-    Threads come from ATen's pool
-    (``torch.set_num_threads``). Other kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``,
-    ``chunked_prefill_size``, ``max_deferred_experts_per_token``, ``cpu_save``, and
-    any unknown keyword) are accepted and not used.
+    ``mmap_experts_dir`` keeps the packed experts in files there (default: ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by
+    ``--kt-mmap-experts-dir``; ``""``: anonymous memory; with a directory, the packed cache is reused across
+    restarts); ``activation`` / ``activation_params`` the experts' gated activation, a row of
+    ``ops.GATED_ACTIVATIONS`` (default ``"silu"``; sglang 0.5.23's KT path passes none); ``next_layer_prefetch``
+    (``False`` default, ``"auto"``, ``True``): KTMoE's, whether the previous layer's wrapper reads this layer's
+    predicted experts ahead (module docstring). Threads come from ATen's pool (``torch.set_num_threads``). Other
+    kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``, ``chunked_prefill_size``,
+    ``max_deferred_experts_per_token``, ``cpu_save``, and any unknown keyword) are accepted and not used.
     """
 
     _capture_batch_sizes: List[int] = []
@@ -182,7 +180,7 @@ class KTMoEWrapper:
                  method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
                  cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
                  activation: str = "silu", activation_params: Optional[dict] = None,
-                 next_layer_prefetch="auto", **unused):
+                 next_layer_prefetch=False, **unused):
         if unused:
             log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
         if max_deferred_experts_per_token:
