@@ -17,7 +17,12 @@
 //   prefill  MR=4, NB=1: 8 accumulators + 4 weight vectors; per k-pair 16 FMAs
 //            against 2 weight loads + 8 broadcasts, so the FMA ports bound it.
 //   decode   MR=1, NB=4: streams 4 blocks side by side so 8 independent FMA
-//            chains hide the FMA latency; each weight byte is read once.
+//            chains hide the FMA latency; each weight byte is read once. No
+//            software prefetch: each stream's line 512 B / 1 / 2 / 4 KiB ahead into
+//            L2 (or 512 B / 1 KiB into L1), alternated with none (bench_moe, reference
+//            layer, T=1, Zen 4, 2026-12-05, load < 1.5), gave on 1 thread 2-3 % less
+//            time at best (1 KiB into L2, 512 B into L1), 6-16 % more at worst,
+//            and on 2 threads nothing better: within the noise, so none.
 // Every output is accumulated in the same order (k ascending, even then odd k of a
 // pair, one fp32 chain) whatever MR, NB, (b0, b1) or thread: same bits. The product
 // of two bf16 is exact in fp32, so each FMA rounds exactly like the scalar
