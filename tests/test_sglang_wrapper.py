@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from torch_ktmoe.checkpoint.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from torch_ktmoe.reference import moe_reference
 from torch_ktmoe.sglang import MMAP_DIR_ENV, KTMoEWrapper, weight_format_of
 from tests.helpers import FORMAT_TOLERANCE, random_experts
@@ -84,7 +85,8 @@ def test_layouts_and_gpu_split_match_reference(tmp_path, layout):
     assert _rel(out, _ref(gate_up, down, x, ids, w, torch.arange(E) >= 2)) <= FORMAT_TOLERANCE["bf16"]
 
 
-@pytest.mark.parametrize("method,fmt", [("BF16", "bf16"), ("AMXINT8", "int8"), ("MOE_INT4", "int4")])
+@pytest.mark.parametrize("method,fmt", [("BF16", "bf16"), ("AMXINT8", "int8"), ("MOE_INT4", "int4"),
+                                        ("MXFP4", "mxfp4")])
 def test_methods_within_format_bounds(tmp_path, method, fmt):
     gate_up, down = _experts(seed=2)
     wr = _wrapper(_write(tmp_path, "qwen", gate_up, down), method=method, num_gpu_experts=0)
@@ -93,6 +95,29 @@ def test_methods_within_format_bounds(tmp_path, method, fmt):
     x, ids, w = _routing(32)
     assert _rel(wr.forward(x, ids, w), _ref(gate_up, down, x, ids, w, torch.ones(E, dtype=torch.bool))) \
         <= FORMAT_TOLERANCE[fmt]
+
+
+def test_mxfp4_method_packs_fp4_experts_exactly(tmp_path):
+    """--kt-method MXFP4 on DeepSeek-V4's FP4 experts (ffn.experts.{e}.w1/w3/w2.weight int8 [n, k/2], two e2m1
+    codes a byte, + .scale E8M0 [n, k/32]): the codes and scales are packed as they are, so the layer matches the
+    reference on the dequantized weights within bf16's bound (only the activations round)."""
+    gate_up, down = _experts(seed=4)
+    tensors, dequantized = {}, {}
+    for e in range(E):
+        for name, w in (("w1", gate_up[e, :I]), ("w3", gate_up[e, I:]), ("w2", down[e])):
+            blocks, scales = quantize_mxfp4(w.float())
+            tensors[f"model.layers.{L}.ffn.experts.{e}.{name}.weight"] = blocks.flatten(-2).view(torch.int8)
+            tensors[f"model.layers.{L}.ffn.experts.{e}.{name}.scale"] = scales.view(torch.float8_e8m0fnu)
+            dequantized[e, name] = dequantize_mxfp4(blocks, scales)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    wr = _wrapper(str(tmp_path), method="MXFP4", num_gpu_experts=0)
+    assert wr.weight_format == "mxfp4"
+    wr.load_weights(None)
+    gu = torch.stack([torch.cat([dequantized[e, "w1"], dequantized[e, "w3"]]) for e in range(E)])
+    dn = torch.stack([dequantized[e, "w2"] for e in range(E)])
+    x, ids, w = _routing(32)
+    ref = _ref(gu, dn, x, ids, w, torch.ones(E, dtype=torch.bool))
+    assert _rel(wr.forward(x, ids, w), ref) <= FORMAT_TOLERANCE["bf16"]
 
 
 def test_submit_copies_inputs_before_returning(tmp_path):

@@ -64,18 +64,19 @@ METHOD_FORMATS = {
     "FP8": "fp8", "FP8_PERCHANNEL": "fp8",  # e4m3 + 128x128 block / per-row scales, packed exactly
     # int4 codes + group scales (+ zero points), packed exactly: compressed-tensors pack-quantized, GPTQ / AWQ
     "RAWINT4": "int4_affine", "GPTQ_INT4": "int4_affine",
+    "MXFP4": "mxfp4",  # e2m1 codes + E8M0 scales per 32 inputs (DeepSeek-V4 fp4 experts, gpt-oss), packed exactly
 }
 
 
 def weight_format_of(method: str) -> str:
-    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8" | "int4_affine"``; ValueError naming it and the
-    supported ones."""
+    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8" | "int4_affine" | "mxfp4"``; ValueError naming it
+    and the supported ones."""
     fmt = METHOD_FORMATS.get(str(method).upper())
     if fmt is None:
         raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8, "
-                         f"int4, fp8 and int4_affine from bf16/fp16/fp32, FP8, compressed-tensors int4 or GPTQ / AWQ "
-                         f"safetensors; kt-kernel's pre-converted AMX files are not read); supported methods: "
-                         f"{sorted(METHOD_FORMATS)}")
+                         f"int4, fp8, int4_affine and mxfp4 from bf16/fp16/fp32, FP8, compressed-tensors int4, GPTQ / "
+                         f"AWQ or MXFP4 safetensors; kt-kernel's pre-converted AMX files are not read); supported "
+                         f"methods: {sorted(METHOD_FORMATS)}")
     return fmt
 
 
