@@ -13,26 +13,21 @@ namespace ktmoe {
 namespace {
 
 // The rows of `w` of the experts in `experts`, queued to the pool when w lies in one file-backed slice;
-// false when it does not (nothing queued).
-bool queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
+// nothing where it does not (anonymous or foreign memory: no file to read, and nothing for WILLNEED to gain).
+void queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
   const auto* base = w.data_ptr<uint8_t>();
   const int64_t row = w.size(1), bytes = w.size(0) * row;
-  if (bytes == 0) return true;
+  if (bytes == 0) return;
   const std::shared_ptr<WeightArena> arena = WeightArena::holding(base, bytes);
-  if (!arena) return false;
+  if (!arena) return;
   int64_t offset = 0;
   const std::shared_ptr<const ReadFile> file = arena->file_range(base, bytes, &offset);
-  if (!file) return false;
+  if (!file) return;
   std::vector<std::pair<int64_t, int64_t>> ranges;
   ranges.reserve(experts.size());
   for (int64_t e : experts) ranges.push_back({offset + e * row, row});
   ReaderPool::instance().read(file, ranges);
-  return true;
 }
-
-}  // namespace
-
-namespace {
 
 std::vector<int64_t> distinct_experts(int64_t num_experts, const int64_t* ids, int64_t n) {
   std::vector<bool> seen(size_t(num_experts), false);
@@ -64,7 +59,6 @@ void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64
   const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
   if (experts.empty()) return;
   if (ReaderPool::instance().threads() == 0) return advise(w13, w2, experts);  // the pool is off
-  // anonymous or foreign memory: no file to read (and nothing for WILLNEED to gain either)
   queue_rows(w13, experts);
   queue_rows(w2, experts);
 }
