@@ -129,8 +129,10 @@ def test_fifo_shard_is_refused_without_blocking(checkpoint, tmp_path):
 
 UNREADABLE_CHILD = textwrap.dedent("""
     import os, sys
-    import torch_ktmoe.checkpoint.files, torch_ktmoe.hf.packed_manifest, torch_ktmoe.ops, torch_ktmoe.paths
-    from torch_ktmoe.__main__ import main  # everything pack imports, before root is dropped
+    import torch_ktmoe.checkpoint.files, torch_ktmoe.cli_pack, torch_ktmoe.hf.packed_manifest, torch_ktmoe.ops
+    import torch_ktmoe.paths
+    from torch_ktmoe.__main__ import main  # everything pack imports, before root is dropped (the checkout may
+    # lie in a directory only root can read, e.g. one made by mktemp -d)
     os.setgid(65534)
     os.setuid(65534)
     sys.exit(main(["pack", sys.argv[1], sys.argv[2], "--quiet"]))
