@@ -1,11 +1,11 @@
 // [NOTE] The kMXFP4 packed format: OCP MXFP4 weights, e2m1 codes with one E8M0 scale per
-// (column, 32 inputs), kept exactly, W4A16: 4 + 8/32 = 4.25 bits per weight.
+// (column, 32 inputs), kept exactly, with bf16 activations: 4 + 8/32 = 4.25 bits per weight.
 //
 // What it stores. An MXFP4 checkpoint (gpt-oss's `*_blocks` / `*_scales`, DeepSeek-V4's
 // expert_dtype="fp4") keeps each weight row as 4-bit e2m1 codes q, two per byte (low nibble
 // first), and per block of 32 inputs one E8M0 byte e:  w[n][k] = e2m1(q[n][k]) * 2^(e - 127).
-// kMXFP4 keeps both exactly; kernels turn a code into its bf16 / fp16 value with a 16-entry
-// table and multiply each group's fp32 partial sum by the power of two.
+// kMXFP4 keeps both exactly; kernels turn a code into its bf16 value (avx512) or 2·e2m1 + 12
+// (generic, avx2) with a 16-entry table and scale each group's (or block's) sum by powers of two.
 //
 // e2m1: 1 sign, 2 exponent bits (bias 1), 1 mantissa bit, no infinity or NaN. Codes 0..7 are
 // 0, 0.5 (the one subnormal), 1, 1.5, 2, 3, 4, 6; codes 8..15 the same negated (8 is -0).
@@ -22,9 +22,22 @@
 //         reads. Padded inputs and rows hold code 0 (+0).
 //   scales: per block, per k-group, 16 E8M0 bytes (one per column) at scale byte offset
 //         (block*(kp/group) + k/group)*16 + n%16. Padded rows: e = 0 (their codes are 0).
-//   value: y[m][n] = Σ_G 2^(e[n,G] - 127) · Σ_{k∈G} a[m][k]·e2m1(q[n][k])
-//         (each group's partial sum in fp32: a bf16 times an e2m1 value is exact; then one
-//         multiply by the power of two, exact unless it leaves fp32's normal range, and an add).
+//   value: y[m][n] = Σ_G 2^(e[n,G] - 127) · Σ_{k∈G} a[m][k]·e2m1(q[n][k]).
+//
+// How the kernels evaluate it (tests/native/test_mxfp4.cpp holds every ISA to the reference on the
+// dequantized weights within an fp32 sum's bound plus the activation term below):
+//   * generic and avx2 (the bits match): integer group dots. Per row and block j of 32 inputs
+//     (kMxfp4Group), the bf16 activations become int16 x[k] = round_half_even(a[k] · 2^s_j)
+//     (mxfp4_block_shift: s_j = min(13 - E_j, 127), E_j the fp32 exponent of the block's largest
+//     |a|, so |x| <= 2^14); every |a| >= 2^(E_j - 6) is exact (bf16 has 8 significant bits), a
+//     smaller one is rounded to a multiple of 2^(E_j - 13), i.e. by at most 2^-14 of the block's
+//     largest: 2^5 finer than bf16's own rounding of it. Then per column
+//     the exact int32 d = Σ_{k∈j} x[k]·2e2m1(q[n][k]) (|d| < 2^24, so float(d) is exact too), and
+//     y += (float(d) · 2^-(s_j + 1)) · 2^(e[n, G(j)] - 127): two multiplies by powers of two
+//     (exact in fp32's normal range), then one add, blocks j ascending, y starting at +0. A block
+//     holding Inf or NaN has the scale NaN: its row's outputs are NaN.
+//   * avx512 / amx: each group's fp32 sum of exact products (a bf16 times an e2m1 value), then
+//     one multiply by 2^(e - 127) and an add (gemm_mxfp4_avx512.cpp).
 //
 // From dense weights (pack.cpp), per (row, group) of valid values v, as OCP MX: amax = max|v|,
 // E = floor(log2 amax) - 2 (clamped to -127; amax = 0: E = 0), e = E + 127, and each code the
@@ -32,6 +45,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/int4_affine_format.h"
 
@@ -72,6 +86,36 @@ inline uint8_t e8m0_for_amax(float amax) {
   return uint8_t(biased < 0 ? 0 : biased);  // amax < 2^128: biased <= 254
 }
 
+// The int16 activations of the integer kernels (generic, avx2): the shift s of a block of 32 bf16 values
+// from the largest of their fp32 bit patterns without the sign (a zero block: s = 13 + 127, clamped). A
+// block holding Inf or NaN: kMxfp4NonFinite.
+constexpr int kMxfp4NonFinite = -1000;
+inline int mxfp4_block_shift(uint32_t max_abs_bits) {
+  if (max_abs_bits >= 0x7F800000u) return kMxfp4NonFinite;
+  const int s = 13 - (int(max_abs_bits >> 23) - 127);  // 13 - E: the largest |a| * 2^s in [2^13, 2^14)
+  return s < 127 ? s : 127;                            // 2^s stays a normal fp32 (blocks below 2^-114 coarser)
+}
+// 2^p as fp32 from its bits, p in [-149, 127] (below -126 a subnormal): no libm call per block.
+inline float mxfp4_pow2(int p) {
+  const uint32_t bits = p >= -126 ? uint32_t(p + 127) << 23 : 0x00800000u >> (-126 - p);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// The block's scale 2^-(s + 1) (the + 1: the dot's weights are 2·e2m1, integers); NaN for a non-finite block.
+inline float mxfp4_block_scale(int s) { return s == kMxfp4NonFinite ? NAN : mxfp4_pow2(-(s + 1)); }
+
+// 2·e2m1(code) + 12 in [0, 24] (the avx2 dot's unsigned weights; its group sum subtracts 12·Σx).
+struct Mxfp4U8Table {
+  alignas(16) uint8_t v[16] = {};
+  constexpr Mxfp4U8Table() {
+    constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+    for (int c = 0; c < 16; ++c) v[c] = uint8_t(12 + (c & 8 ? -kTwice[c & 7] : kTwice[c & 7]));
+  }
+};
+constexpr Mxfp4U8Table kMxfp4U8;
+constexpr int kMxfp4U8Offset = 12;
+
 // Byte of the (block, group) scale record of packed row pr, from the start of the scales.
 inline int64_t mxfp4_scale_offset(int64_t kp, int64_t group, int64_t pr, int64_t g) {
   return ((pr / kBlockN) * (kp / group) + g) * kMxfp4ScaleRecordBytes + pr % kBlockN;
@@ -93,18 +137,5 @@ struct Mxfp4Bf16Table {
 };
 constexpr Mxfp4Bf16Table kMxfp4Bf16;
 
-// avx2's decode (vpshufb): entry c is the high byte of the fp16 of code c; its low byte is 0
-// (fp16 2^E * (1 + m/2) is ((15 + E) << 10) | m << 9).
-struct Mxfp4F16HighTable {
-  alignas(16) uint8_t v[16] = {};
-  constexpr Mxfp4F16HighTable() {
-    for (int c = 0; c < 16; ++c) {
-      const int e = (c >> 1) & 3, m = c & 1;
-      const int mag = e == 0 ? (m ? 0x38 : 0) : (((14 + e) << 2) | (m << 1));
-      v[c] = uint8_t((c & 8 ? 0x80 : 0) | mag);
-    }
-  }
-};
-constexpr Mxfp4F16HighTable kMxfp4F16High;
 
 }  // namespace ktmoe

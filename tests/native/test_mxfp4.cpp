@@ -2,8 +2,9 @@
 // the fields written out again, nearest-e2m1 rounding (ties to even, saturation), the exact
 // packer's nibbles and scale bytes at the layout's offsets (written out again), the dense packer
 // against OCP MX's rule, what the packer refuses, and every ISA's gemm_mxfp4: every code times
-// the E8M0 extremes exactly (one-hot rows), random codes against a double-precision reference
-// and against generic (avx2 bit-identical: the same fp32 operations), bits that depend neither
+// the E8M0 extremes exactly (one-hot rows), random codes against a double-precision reference (within an fp32 sum's bound plus the
+// int16 activations' rounding of the integer kernels)
+// and against generic (avx2 bit-identical: the same integer dots and fp32 operations), bits that depend neither
 // on the (b0, b1) split nor on M.
 #include <stdexcept>
 #include <string>
@@ -63,7 +64,7 @@ void test_mxfp4_values() {
     const double v = ref_e2m1(c);
     bad += double(e2m1_to_float(uint8_t(c))) != v || std::signbit(e2m1_to_float(uint8_t(c))) != bool(c & 8);
     bad += double(bf16_value(kMxfp4Bf16.v[c])) != v || kMxfp4Bf16.v[c + 16] != kMxfp4Bf16.v[c];
-    bad += ref_f16_value(uint16_t(kMxfp4F16High.v[c] << 8)) != v || std::signbit(bf16_value(kMxfp4Bf16.v[c])) != bool(c & 8);
+    bad += double(kMxfp4U8.v[c]) - kMxfp4U8Offset != 2 * v || std::signbit(bf16_value(kMxfp4Bf16.v[c])) != bool(c & 8);
     bad += e2m1_from_float(float(v)) != c;  // -0.0 keeps its sign: code 8
   }
   // midpoints go to the even code, a quarter away to the nearer; beyond 6 saturates
@@ -83,7 +84,7 @@ void test_mxfp4_values() {
     for (double a = amax; a > 0 && a < 1; a *= 2) --fl;
     bad += e8m0_for_amax(amax) != (amax == 0.f ? 127 : std::max(0, fl - 2 + 127));
   }
-  CHECK(bad == 0, strf("mxfp4: e2m1 of all 16 codes and the bf16 / fp16 decode tables = the fields' values, nearest "
+  CHECK(bad == 0, strf("mxfp4: e2m1 of all 16 codes and the bf16 / 2e2m1+12 decode tables = the fields' values, nearest "
                        "e2m1 ties to even and saturates, E8M0 2^(e-127) incl. 2^-127, the dense exponent (bad %d)", bad));
 }
 
@@ -239,14 +240,20 @@ void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
     for (int64_t r = 0; r < m; ++r)
       for (int64_t pr = 0; pr < np; ++pr) {
         const int64_t dr = dense_of(h, pr);
-        double sum = 0, mag = 0;
+        double sum = 0, mag = 0, act = 0;  // act: the int16 activations' rounding (mxfp4_format.h)
         for (int64_t c = 0; dr >= 0 && c < k; ++c) {
-          const double t = double(bf16_value(a[size_t(r * lda + c)])) * ref_e2m1(d.q[size_t(dr * k + c)]) *
-                           std::ldexp(1.0, d.e[size_t(dr * ng + c / h.group)] - 127);
+          const double wv = ref_e2m1(d.q[size_t(dr * k + c)]) * std::ldexp(1.0, d.e[size_t(dr * ng + c / h.group)] - 127);
+          const double t = double(bf16_value(a[size_t(r * lda + c)])) * wv;
           sum += t, mag += std::fabs(t);
+          double block_max = 0;  // the largest |a| of c's block of 32 inputs
+          for (int64_t i = c / 32 * 32; i < c / 32 * 32 + 32 && i < k; ++i)
+            block_max = std::max(block_max, std::fabs(double(bf16_value(a[size_t(r * lda + i)]))));
+          int e2 = 0;
+          std::frexp(block_max, &e2);  // block_max in [2^(e2-1), 2^e2): E = e2 - 1, x's step 2^(E - 13)
+          act += block_max > 0 ? std::fabs(wv) * std::ldexp(1.0, e2 - 1 - 14) : 0;
         }
         const double err = std::fabs(double(full[size_t(r * np + pr)]) - sum);
-        worst = std::max(worst, std::isfinite(err) ? err / ((2.0 * kp + 8) * 0x1.0p-24 * mag + 1e-30) : 1e30);
+        worst = std::max(worst, std::isfinite(err) ? err / ((2.0 * kp + 8) * 0x1.0p-24 * mag + act + 1e-30) : 1e30);
       }
     for (int64_t b = 0; b < nb; ++b) {  // one call per block, then one row at a time: the same bits
       const std::vector<float> c = run(isa, blob.get(), a.data(), lda, m, b, b + 1);
@@ -264,6 +271,58 @@ void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
              same ? "=" : must_match ? "DIFFERS FROM" : "within tolerance of"));
 }
 
+// The integer kernels' activations at their edges (mxfp4_format.h): row 0 spans 2^-40 .. 2^40 inside each block
+// of 32 (x rounds its small values), row 1 holds an Inf and row 2 a NaN in one block (their rows' outputs
+// not finite: NaN from the integer kernels, ±Inf or NaN from avx512's fp32 sums; the other rows untouched), row 3 is zero (+0 out), row 4 sits near bf16's smallest normals (shift clamped).
+void test_mxfp4_gemm_activations(const IsaKernels& isa, const IsaKernels& generic, Rng& rng) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, MatrixRole::kPlain, 32, 128, 32);
+  const int64_t k = 128, np = h.np, nb = np / 16, ng = h.kp / 32;
+  const Mxfp4Matrix d = random_mxfp4(h, 117, 137, rng);
+  const AlignedBytes blob = pack(h, d, 0);
+  const int64_t m = 5;
+  std::vector<uint16_t> a(size_t(m * k), 0);
+  for (int64_t c = 0; c < k; ++c) {
+    a[size_t(c)] = ref_bf16(float(std::ldexp(rng.gauss(), int(rng.below(81)) - 40)));
+    a[size_t(k + c)] = a[size_t(2 * k + c)] = ref_bf16(float(rng.gauss()));
+    a[size_t(4 * k + c)] = ref_bf16(float(std::ldexp(rng.gauss(), -120)));
+  }
+  a[size_t(k + 37)] = 0x7F80;       // +Inf
+  a[size_t(2 * k + 100)] = 0x7FC1;  // NaN
+  const std::vector<float> got = run(isa, blob.get(), a.data(), k, m, 0, nb);
+  const std::vector<float> gen = run(generic, blob.get(), a.data(), k, m, 0, nb);
+  const bool must_match = std::string(isa.name) != "avx512" && std::string(isa.name) != "amx";
+  double worst = 0;
+  bool nan_rows = true, zero_row = true;
+  for (int64_t pr = 0; pr < np; ++pr) {
+    const int64_t dr = dense_of(h, pr);
+    nan_rows = nan_rows && !std::isfinite(got[size_t(np + pr)]) && std::isnan(got[size_t(2 * np + pr)]);
+    zero_row = zero_row && f32_bits(got[size_t(3 * np + pr)]) == 0;
+    for (int64_t r : {int64_t(0), int64_t(4)}) {
+      double sum = 0, bound = 1e-300;
+      for (int64_t c = 0; dr >= 0 && c < k; ++c) {
+        const double wv = ref_e2m1(d.q[size_t(dr * k + c)]) * std::ldexp(1.0, d.e[size_t(dr * ng + c / 32)] - 127);
+        double block_max = 0;
+        for (int64_t i = c / 32 * 32; i < c / 32 * 32 + 32; ++i)
+          block_max = std::max(block_max, std::fabs(double(bf16_value(a[size_t(r * k + i)]))));
+        sum += double(bf16_value(a[size_t(r * k + c)])) * wv;
+        // fp32 sum + x's rounding: 2^-14 of the block's largest (2^-114's step where the shift is clamped)
+        bound += std::fabs(wv) * (2 * k * 0x1.0p-24 * block_max + std::max(block_max * 0x1.0p-14, 0x1.0p-114));
+      }
+      worst = std::max(worst, std::fabs(double(got[size_t(r * np + pr)]) - sum) / bound);
+    }
+  }
+  const bool same = std::memcmp(got.data(), gen.data(), got.size() * 4) == 0 ||
+                    [&] {  // NaN bits aside (any NaN is a NaN)
+                      for (size_t i = 0; i < got.size(); ++i)
+                        if (f32_bits(got[i]) != f32_bits(gen[i]) && !(std::isnan(got[i]) && std::isnan(gen[i]))) return false;
+                      return true;
+                    }();
+  CHECK(worst <= 1.0 && nan_rows && zero_row && (same || !must_match),
+        strf("gemm_mxfp4 [%s] activations: 2^-40..2^40 in a block and near 2^-120 within bound (max err/tol %.3f), "
+             "Inf / NaN rows not finite %s, zero row +0 %s, %s generic's bits", isa.name, worst, nan_rows ? "yes" : "NO",
+             zero_row ? "yes" : "NO", same ? "=" : must_match ? "DIFFERS FROM" : "within tolerance of"));
+}
+
 }  // namespace
 
 void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
@@ -277,6 +336,7 @@ void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
   test_mxfp4_pack_errors();
   for (const Isa& isa : isas) {
     test_mxfp4_gemm_edges(*isa.k);
+    test_mxfp4_gemm_activations(*isa.k, *isas.front().k, rng);
     for (const auto& [role, n, k, group] : shapes) test_mxfp4_gemm(*isa.k, *isas.front().k, role, n, k, group, rng);
   }
 }

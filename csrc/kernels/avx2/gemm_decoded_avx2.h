@@ -1,7 +1,6 @@
 // [NOTE] The avx2 tile loops of the bf16-activation formats whose weights are decoded to
-// fp32 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx2.cpp), kINT4A
-// (gemm_int4_affine_avx2.cpp) and kMXFP4 (gemm_mxfp4_avx2.cpp). One set of templates, one decoder
-// per format:
+// fp32 in registers and scaled per (column, k-group): kFP8 (gemm_fp8_avx2.cpp) and kINT4A
+// (gemm_int4_affine_avx2.cpp). One set of templates, one decoder per format:
 //   kRowSums                      whether group_end takes the row's Σ a of the group
 //   kPairBytes                    bytes of one k-pair of a block (32 for e4m3, 16 for nibbles)
 //   pair(block, p, w[4])          k-pair p of a block -> fp32: columns 0-7 / 8-15 of the even k,

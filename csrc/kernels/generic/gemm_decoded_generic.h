@@ -1,7 +1,6 @@
 // [NOTE] The generic tile loop of the bf16-activation formats whose weights are decoded
-// to fp32 and scaled per (column, k-group): kFP8, kINT4A and kMXFP4. One template, one decoder
-// per format (gemm_fp8_generic.cpp, gemm_int4_affine_generic.cpp, gemm_mxfp4_generic.cpp); the
-// two nibble formats share nibble_panel.
+// to fp32 and scaled per (column, k-group): kFP8 and kINT4A. One template, one decoder per format
+// (gemm_fp8_generic.cpp, gemm_int4_affine_generic.cpp).
 //
 // For rows m < M and the 16*(b1-b0) output columns of blocks [b0, b1):
 //   per block, per k-group g, per panel of at most kPanelK inputs inside the group, the
@@ -26,7 +25,7 @@
 namespace ktmoe {
 namespace generic {
 
-// A panel of kINT4A's nibble layout (kMXFP4's too): panel[c][j] = value(code of W[16*block + j][k0 + c])
+// A panel of kINT4A's nibble layout: panel[c][j] = value(code of W[16*block + j][k0 + c])
 // for c < kc (k0, kc multiples of 4); out: fp32 [kc][16].
 template <class Value>
 void nibble_panel(const uint8_t* data, int64_t kp, int64_t block, int64_t k0, int64_t kc, const Value& value,
