@@ -17,6 +17,12 @@ measured tokens: tok/s, the disk rate while the layers waited on it (``residency
 forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
 of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per
 token, the routed experts' hit rate and the predictor's recall.
+
+``--prefill T``: instead of decoding, each child runs one forward of T tokens through the stack from the cold
+page cache (the prefill of a long prompt: T·k >> E touches every expert of every layer) and reports its time,
+bytes read and disk rate (% of the best); a first row runs the same forward with the stack in the page cache
+and no memory limit (one untimed forward first): the compute alone. With reads and compute fully overlapped the
+cold forward would take max(compute, bytes / best rate).
 """
 import argparse
 import json
@@ -72,8 +78,9 @@ def pack(directory: str, layers: int, dims: dict, threads: int) -> list:
 
 
 def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: str, threads: str, k_prime: str,
-           reader_threads: str, out: str) -> None:
-    """The child: maps the stack, decodes, writes its figures to ``out`` (see the module)."""
+           reader_threads: str, out: str, prefill: str = "0") -> None:
+    """The child: maps the stack, decodes (or, ``prefill`` > 0, runs one forward of that many tokens from a
+    cold page cache), writes its figures to ``out`` (see the module)."""
     import resource
     import time
 
@@ -115,8 +122,8 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
     gen = torch.Generator().manual_seed(1)
 
     @torch.no_grad()
-    def token():
-        x = torch.randn(1, dims["hidden_size"], generator=gen)
+    def token(rows=1):
+        x = torch.randn(rows, dims["hidden_size"], generator=gen)
         for ktm, gate, predict in zip(layers, gates, predictors):
             logits = torch.nn.functional.linear(x, gate.weight, gate.bias)
             w, ids = torch.topk(torch.softmax(logits, -1), k, -1)
@@ -125,6 +132,15 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
             x = x + ktm(x, ids, w)
             x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
+    if int(prefill) > 0:  # one cold forward of `prefill` tokens (warmup > 0: after that many, the compute alone)
+        for _ in range(int(warmup)):
+            token(int(prefill))
+        read0, t0 = process_read_bytes(), time.perf_counter()
+        token(int(prefill))
+        seconds = time.perf_counter() - t0
+        json.dump(dict(prefill_s=seconds, read_bytes=process_read_bytes() - read0,
+                       next_layer_prefetching=all(m.next_layer_prefetching for m in layers)), open(out, "w"))
+        return
     for _ in range(int(warmup)):
         token()
     torch_ktmoe.residency_report(model, reset=True)
@@ -140,6 +156,15 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
                    prefetching=all(m.prefetching for m in layers),
                    next_layer_prefetching=all(m.next_layer_prefetching for m in layers),
                    recall_per_layer=[s["recall"] for s in r["per_layer"].values()]), open(out, "w"))
+
+
+def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
+    if "prefill_s" not in res:
+        return f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | {load:.1f} |"
+    rate = disk_rates(res["read_bytes"], res["prefill_s"], roof)
+    disk = "-" if not res["read_bytes"] else f"{rate['GBps']:.2f} ({rate['pct_of_roof']:.0f} %)"
+    return (f"| {routing} | {res['mode']} | {res['prefill_s']:.2f} | {res['read_bytes'] / 1e9:.2f} | {disk} | "
+            f"{res['next_layer_prefetching']} | {load:.1f} |")
 
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
@@ -176,6 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reader-threads", type=int, default=-1, help="the reader pool's threads (-1: its default; "
                     "0: next-layer reads become MADV_WILLNEED from the compute thread)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each (routing, mode), alternated")
+    ap.add_argument("--prefill", type=int, default=0, help="instead of decoding, one forward of this many tokens "
+                    "from a cold page cache (its time, bytes read and disk rate)")
     ap.add_argument("--roof-gib", type=float, default=2.0, help="bytes the disk roof reads per pattern")
     ap.add_argument("--workdir", default=None, help="where the packed stack goes (default: a temporary directory "
                     "under /var/tmp: a real disk, not tmpfs); kept if given")
@@ -193,7 +220,17 @@ def main(argv=None) -> int:
         modes = [m for m in args.next_layer.split(",") if m]
         if not modes or set(modes) - {"on", "off"}:
             ap.error(f"--next-layer takes on, off or on,off, not {args.next_layer!r}")
-        for routing in [r for r in args.routings.split(",") if r]:
+        routings = [r for r in args.routings.split(",") if r]
+        if args.prefill:  # the compute alone: the same forward with every expert in the page cache, no limit
+            from ktmoe_harness.child import run_python
+
+            for routing in routings:
+                out = os.path.join(work, f"{routing}-warm.json")
+                res = run_python(CHILD, [work, json.dumps(dims), routing, 1, 0, args.threads, -1,
+                                         args.reader_threads, out, args.prefill], timeout=1800)
+                result = json.load(open(out)) if res.returncode == 0 else {"returncode": res.returncode}
+                results.append((routing, dict(result, mode="warm, no limit", load=os.getloadavg()[0])))
+        for routing in routings:
             for _ in range(args.rounds):
                 for mode in modes:
                     out = os.path.join(work, f"{routing}-{mode}.json")
@@ -202,7 +239,7 @@ def main(argv=None) -> int:
                     res = run_in_memory_cgroup(f"ktmoe_bench_disk_bound_{routing}", args.limit_mib * MiB, CHILD,
                                                [work, json.dumps(dims), routing, args.warmup, args.tokens,
                                                 args.threads, args.k_prime if mode == "on" else -1,
-                                                args.reader_threads, out],
+                                                args.reader_threads, out, args.prefill],
                                                timeout=1800)
                     load = os.getloadavg()[0]
                     if res.returncode == 0:
@@ -212,6 +249,18 @@ def main(argv=None) -> int:
                         result = {"returncode": res.returncode, "stderr": res.stderr[-800:]}
                         print(res.stderr[-800:], file=sys.stderr)
                     results.append((routing, dict(result, mode=mode, load=load)))
+        if args.prefill:
+            print(f"\n{args.layers} int8 layers x {args.experts} experts (top-{args.top_k}, H={args.hidden}, "
+                  f"I={args.intermediate}): {packed / 1e9:.2f} GB packed, file-backed, under a {args.limit_mib} MiB "
+                  f"memory cgroup, page cache dropped first; one forward of {args.prefill} tokens, {args.threads} "
+                  "threads")
+            print(roof_line(roof) + f"; the stack's bytes at the best rate: {packed / roof['best'] / 1e9:.2f} s\n")
+            print("| routing | next-layer | prefill s | GB read | disk GB/s over the forward (% of best) | "
+                  "next-layer on | load avg |")
+            print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
+            for routing, res in results:
+                print(prefill_row(routing, res, roof, res["load"]))
+            return 0
         print(f"\n{args.layers} int8 layers x {args.experts} experts (top-{args.top_k}, H={args.hidden}, "
               f"I={args.intermediate}): {packed / 1e9:.2f} GB packed, file-backed, under a {args.limit_mib} MiB "
               f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
