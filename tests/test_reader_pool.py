@@ -1,5 +1,5 @@
 """The reader pool (csrc/arena/reader_pool.h, torch_ktmoe.expert_reads): reads of file-backed experts land in
-the page cache, no thread before the first read, threads stop at exit and a forked child reads on its own,
+the page cache, experts already there are not read again, no thread before the first read, threads stop at exit and a forked child reads on its own,
 a read past the file's end is a recorded error (no hang), bad ids are errors, anonymous tensors do nothing,
 and outputs do not depend on how the experts were read."""
 import os
@@ -61,6 +61,26 @@ def test_reads_land_in_the_page_cache(tmp_path):
     assert after["bytes_read"] - before["bytes_read"] >= 3 * (w13.size(1) + w2.size(1)) - 2 * 4096
     assert after["errors"] == before["errors"]
     assert after["threads_running"] == after["threads"] > 0
+
+
+def test_experts_already_in_the_page_cache_are_not_read_again(tmp_path):
+    layer = _layer(tmp_path)
+    w13, w2 = layer.packed_tensors()[0]
+    for a in layer.arenas:
+        a.evict()
+    expert_reads.read_ahead_experts(w13, w2, torch.tensor([3, 4]))
+    _settle()
+    assert _resident(layer, [3, 4]) == (2, 0)
+    before = expert_reads.reader_pool_stats()
+    expert_reads.read_ahead_experts(w13, w2, torch.tensor([3, 4, 5]))  # 3, 4 resident: only 5 is queued
+    after = _settle()
+    assert after["requests"] - before["requests"] == 2  # expert 5's rows of w13 and of w2
+    assert after["bytes_read"] - before["bytes_read"] < 2 * (w13.size(1) + w2.size(1))
+    assert _resident(layer, [3, 4, 5]) == (3, 0)
+    before = expert_reads.reader_pool_stats()
+    expert_reads.read_ahead_experts(w13, w2, torch.tensor([3, 4, 5]))  # all resident: nothing queued
+    after = _settle()
+    assert after["requests"] == before["requests"] and after["bytes_read"] == before["bytes_read"]
 
 
 def test_bad_ids_and_tensors_are_errors(tmp_path):
@@ -149,6 +169,7 @@ def test_a_forked_child_reads_with_its_own_threads(tmp_path):
         from torch_ktmoe import expert_reads
         layer = _layer({str(tmp_path)!r})
         w13, w2 = layer.packed_tensors()[0]
+        for a in layer.arenas: a.evict()  # not resident: read_ahead_experts queues them
         expert_reads.read_ahead_experts(w13, w2, torch.arange(E))  # the parent's threads run
         _settle()
         pid = os.fork()

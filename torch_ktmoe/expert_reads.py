@@ -21,8 +21,9 @@ __all__ = ["read_ahead_experts", "reader_pool_stats", "set_reader_threads", "sto
 
 def read_ahead_experts(w13, w2, expert_ids) -> None:
     """Queues the packed rows of each expert in ``expert_ids`` (any integer tensor; ids < 0 skipped, each
-    id once) of ``w13`` [E, B13] and ``w2`` [E, B2] (a layer's packed uint8 tensors, e.g.
-    ``KTMoE.packed_tensors()[part]``) to the reader pool, and returns at once. Tensors of a file-backed
+    id once; an expert whose rows are all in the page cache already is skipped) of ``w13`` [E, B13] and ``w2``
+    [E, B2] (a layer's packed uint8 tensors, e.g. ``KTMoE.packed_tensors()[part]``) to the reader pool, and
+    returns at once. Tensors of a file-backed
     arena are read into the page cache; anonymous (or any other) memory: nothing to do. An id >= E, or
     tensors that are not contiguous CPU uint8 [E, B] with one E, raise RuntimeError. With the pool off
     (``set_reader_threads(0)``) it asks the kernel instead (``MADV_WILLNEED`` from the calling thread)."""

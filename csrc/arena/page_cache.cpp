@@ -31,6 +31,14 @@ int64_t mincore_resident(void* addr, int64_t bytes) {
   return resident;
 }
 
+bool range_in_page_cache(const void* addr, int64_t bytes) {
+  const uintptr_t page = uintptr_t(page_size());
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(addr) + uintptr_t(bytes) + page - 1) & ~(page - 1);
+  if (end <= begin) return true;
+  return mincore_resident(reinterpret_cast<void*>(begin), int64_t(end - begin)) == int64_t(end - begin);
+}
+
 bool read_through(int fd, int64_t offset, int64_t bytes, char* buf, int64_t buf_bytes, std::string* error) {
   for (int64_t done = 0; done < bytes;) {
     const size_t n = static_cast<size_t>(std::min(buf_bytes, bytes - done));

@@ -13,6 +13,9 @@ constexpr int64_t kReadChunk = int64_t(2) << 20;  // read() size: stays in the L
 
 // Bytes of [addr, addr + bytes) (page aligned) in the page cache, mapped here or not; 0 if mincore fails.
 int64_t mincore_resident(void* addr, int64_t bytes);
+// Whether every page of [addr, addr + bytes) (any alignment: the ends rounded out to pages) is in the page
+// cache; false if mincore fails (not a mapping).
+bool range_in_page_cache(const void* addr, int64_t bytes);
 // Reads [offset, offset + bytes) of fd with pread() into buf (contents discarded): through the page
 // cache, with its readahead. Stops early at end of file. False with *error.
 bool read_through(int fd, int64_t offset, int64_t bytes, char* buf, int64_t buf_bytes, std::string* error);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "arena/page_cache.h"
 #include "arena/read_ahead.h"
 #include "arena/reader_pool.h"
 #include "arena/weight_arena.h"
@@ -12,8 +13,10 @@
 namespace ktmoe {
 namespace {
 
-// The rows of `w` of the experts in `experts`, queued to the pool when w lies in one file-backed slice;
-// nothing where it does not (anonymous or foreign memory: no file to read, and nothing for WILLNEED to gain).
+// The rows of `w` of the experts in `experts` not already in the page cache, queued to the pool when w lies
+// in one file-backed slice; nothing where it does not (anonymous or foreign memory: no file to read, and
+// nothing for WILLNEED to gain). A resident expert is skipped: the pool would copy its pages out of the cache
+// for nothing (a next-layer prediction names the popular experts every token).
 void queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
   const auto* base = w.data_ptr<uint8_t>();
   const int64_t row = w.size(1), bytes = w.size(0) * row;
@@ -25,7 +28,9 @@ void queue_rows(const at::Tensor& w, const std::vector<int64_t>& experts) {
   if (!file) return;
   std::vector<std::pair<int64_t, int64_t>> ranges;
   ranges.reserve(experts.size());
-  for (int64_t e : experts) ranges.push_back({offset + e * row, row});
+  for (int64_t e : experts)
+    if (!range_in_page_cache(base + e * row, row)) ranges.push_back({offset + e * row, row});
+  if (ranges.empty()) return;
   ReaderPool::instance().read(file, ranges);
 }
 
