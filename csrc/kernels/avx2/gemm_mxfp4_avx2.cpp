@@ -26,8 +26,6 @@
 // Block end (either): vcvtdq2ps, x 2^-(s + 1), x 2^(e - 127) (built in registers once per block and
 // group: vpmovzxbd, vpslld 23, e = 0 blended to 2^-127's bits), each product rounded before the add
 // (never contracted to an FMA): out = (j == 0 ? +0 : out) + term.
-#include <cmath>
-
 #include "kernels/avx2/avx2_util.h"
 #include "kernels/mxfp4_format.h"
 
@@ -118,7 +116,7 @@ struct Weights {
   const uint8_t* data;    // block 0
   const uint8_t* scales;  // block 0, group 0
   int64_t bstride;        // bytes of one packed block's data
-  int64_t ngroups, blocks_per_group;  // blocks_per_group = group / 32 (group g: input blocks [g, g + 1) * it)
+  int64_t ngroups, blocks_per_group;  // group g holds input blocks [g, g + 1) * blocks_per_group (group / 32)
   inline const uint8_t* record(int64_t b, int64_t g) const { return scales + (b * ngroups + g) * kMxfp4ScaleRecordBytes; }
 };
 
