@@ -41,10 +41,13 @@ void bind_residency(PyArenaClass& c) {
       .def("evict", [](const PyArena& a) { or_raise([&](auto* e) { return a.arena->evict(e); }); },
            py::call_guard<py::gil_scoped_release>(),
            "drop the backing file's pages from memory (writeback, MADV_DONTNEED, fadvise DONTNEED)")
-      .def("prefault", [](const PyArena& a, bool wait) { or_raise([&](auto* e) { return a.arena->prefault(wait, e); }); },
-           py::arg("wait") = true, py::call_guard<py::gil_scoped_release>(),
+      .def("prefault", [](const PyArena& a, bool wait, bool map_only) {
+             or_raise([&](auto* e) { return a.arena->prefault(wait, e, map_only); });
+           },
+           py::arg("wait") = true, py::arg("map_only") = false, py::call_guard<py::gil_scoped_release>(),
            "read the backing file into memory: read() what is not cached, read through the mapping what is, then "
-           "MADV_POPULATE_READ (else MADV_WILLNEED); wait=False: on a background thread")
+           "MADV_POPULATE_READ (else MADV_WILLNEED); map_only=True: MADV_POPULATE_READ alone (a prefill's next "
+           "layer); wait=False: on a background thread")
       .def("join_prefault", [](const PyArena& a) { a.arena->prefaulter().join(); },
            py::call_guard<py::gil_scoped_release>(), "wait for a background prefault")
       .def("stop_prefault", [](const PyArena& a) { a.arena->prefaulter().stop(); },
@@ -177,6 +180,10 @@ PyArenaClass bind_arena(py::module_& m) {
   // [T, k] (int64 or int32, < 0 skipped) -> (hits, misses) over the distinct routed experts: a hit when every
   // page of the expert's row in every tensor is in the page cache (mincore; anonymous memory is resident).
   // torch_ktmoe/residency.py asks it before each forward of file-backed experts: one call, no Python loop.
+  m.def("routed_to_most", [](int64_t num_experts, const at::Tensor& ids) { return routed_to_most(num_experts, ids); },
+        py::arg("num_experts"), py::arg("topk_ids"),
+        "whether the distinct routed ids (>= 0) are at least 3/4 of num_experts: a prefill, whose routed experts "
+        "moe_forward(prefetch=True) leaves to the gemms' faults and whose next layer KTMoE streams");
   m.def("routed_experts_resident", [](const std::vector<at::Tensor>& packed, const at::Tensor& ids) {
     TORCH_CHECK(!packed.empty(), "routed_experts_resident: no packed tensors");
     const int64_t experts = packed[0].size(0), page = int64_t(::sysconf(_SC_PAGESIZE));

@@ -41,12 +41,12 @@ def test_recall_is_one_when_the_prediction_is_the_routing(reads):
     target = _layer(next_layer_prefetch=True)
     router = Router(torch.randn(E, H))
     predictor = NextLayerPredictor(router, target, k_prime=K)
-    x = torch.randn(5, H)
+    x = torch.randn(2, H)  # 4 of the 8 experts at most: read ahead expert by expert (not "most": streamed whole)
     predictor(x)
     routed = (x @ router.weight.T).topk(K, -1).indices  # what layer L+1's router chooses on the same state
-    target(x, routed, torch.full((5, K), 0.5))
+    target(x, routed, torch.full((2, K), 0.5))
     s = target.residency_stats()
-    assert s["recall"] == 1.0 and (s["predicted_forwards"], s["predicted_routed"], s["predicted_found"]) == (1, 10, 10)
+    assert s["recall"] == 1.0 and (s["predicted_forwards"], s["predicted_routed"], s["predicted_found"]) == (1, 4, 4)
     (w13, w2, ids), = reads  # one NUMA part: one call, with the union of the predicted experts
     assert w13 is target.w13_0 and w2 is target.w2_0 and torch.equal(ids, torch.unique(routed))
 
@@ -154,16 +154,26 @@ def test_hf_recall_is_one_when_the_residual_stream_does_not_change():
     assert r["predicted_layers"] == 3 and r["recall"] == 1.0
 
 
-def test_hf_outputs_are_the_same_with_and_without_it(reads):
+@pytest.mark.parametrize("tokens", [1, PROMPT.shape[1]], ids=["decode", "prefill"])
+def test_hf_outputs_are_the_same_with_and_without_it(reads, tokens):
     logits = {}
     for mode in (True, False):
         model = make_model("qwen3_moe", num_hidden_layers=3)
         report = hf.patch_model(model, next_layer_prefetch=mode)
         assert report.next_layer_predicted == ([1, 2] if mode else [])
         with torch.no_grad():
-            logits[mode] = model(PROMPT).logits
+            logits[mode] = model(PROMPT[:, :tokens]).logits
     assert torch.equal(logits[True], logits[False])
-    assert len(reads) == 2  # layers 0 and 1 read ahead layers 1 and 2's experts, once each
+    # one token: layers 0 and 1 read ahead 2k of layers 1 and 2's 8 experts, once each; the prompt's union is most
+    # of them: a prefill, which reads nothing ahead (its layers stream their next layer whole instead)
+    assert len(reads) == (2 if tokens == 1 else 0)
+
+
+def test_a_prediction_naming_most_experts_reads_nothing_ahead(reads):
+    target = _layer(next_layer_prefetch=True)
+    predictor = NextLayerPredictor(Router(torch.randn(E, H)), target, k_prime=E)  # every expert for each token
+    predictor(torch.randn(1, H))
+    assert reads == [] and target.next_layer_recall.pending is not None  # recall is still counted
 
 
 def test_hf_off_while_the_experts_fit(tmp_path, reads, monkeypatch):

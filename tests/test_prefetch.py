@@ -35,6 +35,7 @@ def _layer(fmt="bf16", directory=None, **kw):
 def test_prefetch_never_changes_outputs(fmt, file_backed, tmp_path):
     layer = _layer(fmt, tmp_path if file_backed else None, prefetch=False)
     w13, w2 = layer.packed_tensors()[0]
+    # 1 token routes 2 of the 8 experts (advised); 40 route all of them (left to the gemms' faults)
     for tokens, masked in ((1, 0.0), (7, 0.3), (40, 0.0)):
         x = torch.randn(tokens, H).bfloat16()
         ids, w = random_routing(tokens, E, K, masked=masked)

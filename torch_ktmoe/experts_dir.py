@@ -1,5 +1,5 @@
 """ExpertsDir: one experts directory, one object: the layers whose experts live there, its read-ahead decision,
-its background warm, and the names of its files.
+its background warm, a prefill's streaming of the next layer, and the names of its files.
 
 A directory holds one model's layers (its files are named by layer index and NUMA part), so what is decided
 per model lives here: whether the model's file-backed experts fit in memory (read-ahead of the routed experts
@@ -66,6 +66,21 @@ class ExpertsDir:
     def layers(self) -> list:
         """The live layers' :class:`LayerArenas`, load order."""
         return [a for a in (r() for r in self._layers) if a is not None]
+
+    def next_layer(self, arenas):
+        """The live layer loaded from here with the next larger layer index after ``arenas``'s, or None."""
+        later = [a for a in self.layers() if a.layer_idx > arenas.layer_idx]
+        return min(later, key=lambda a: a.layer_idx) if later else None
+
+    def stream_after(self, arenas) -> bool:
+        """A prefill of the layer ``arenas`` has started: map the next layer's experts in the background while it
+        computes (:meth:`LayerArenas.stream`), if the two layers fit in memory together
+        (:func:`torch_ktmoe.memory.file_room_bytes`; else streaming would evict the layer computing). True if a
+        stream was started."""
+        following = self.next_layer(arenas)
+        if following is None or following.file_backed_bytes + arenas.file_backed_bytes > memory.file_room_bytes():
+            return False
+        return following.stream()
 
     def residency(self) -> dict:
         """``file_backed_bytes`` and ``resident_bytes`` (``mincore``) of the live layers' file-backed experts."""

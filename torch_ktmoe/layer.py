@@ -73,7 +73,8 @@ class KTMoE(nn.Module):
         activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``);
             the ones not given take the row's defaults.
         prefetch: before each forward, ask the kernel to read the routed experts' rows (``MADV_WILLNEED``), so
-            the cold ones of a model bigger than RAM come from disk together. ``"auto"`` (default): while the
+            the cold ones of a model bigger than RAM come from disk together (skipped for a forward routed to at
+            least 3/4 of the experts, e.g. a prefill: its faults read them faster). ``"auto"`` (default): while the
             file-backed experts of all live arenas do not fit in RAM or the memory cgroup together, as the last
             layer loaded from the directory found (:class:`torch_ktmoe.experts_dir.ExpertsDir`); ``True`` /
             ``False`` force it. Outputs are the same either way.
@@ -321,8 +322,8 @@ class KTMoE(nn.Module):
         file_backed = self.arenas.file_backed
         self.residency = LayerResidency() if file_backed and self.residency_mode is not False else None
         self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
-        if file_backed and (self._auto_prefetch or self.warm_mode == "auto" or self.next_layer_prefetch_mode == "auto"):
-            self.arenas.experts_dir.loaded(self.arenas)  # decided again at each load: the last sees the whole model
+        if file_backed:  # the fit is decided again at each load (the last sees the whole model); streaming's order
+            self.arenas.experts_dir.loaded(self.arenas)
         if self.warm_mode == "auto":
             if file_backed:
                 self.model_warm = self.arenas.experts_dir.warm_on_load(self.arenas)
@@ -378,10 +379,20 @@ class KTMoE(nn.Module):
         if not torch.compiler.is_compiling() and self.next_layer_recall.pending is not None:
             self.next_layer_recall.observe(topk_ids)  # the previous layer predicted this forward's experts
         prefetch = self.prefetching
+        if prefetch and not torch.compiler.is_compiling():
+            self._stream_next_layer(topk_ids)
         if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
             return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
         return self.residency.observe(self.packed_tensors(), topk_ids, hidden_states.numel() // self.hidden_size,
                                       lambda: self._forward(hidden_states, topk_ids, topk_weights, prefetch))
+
+    def _stream_next_layer(self, topk_ids: torch.Tensor) -> None:
+        """A prefill (routed to at least 3/4 of the experts) of a model that does not fit: map the next layer's
+        experts from the disk in the background while this one computes (ExpertsDir.stream_after)."""
+        directory = self.arenas.experts_dir
+        if (directory is not None and topk_ids.numel() * 4 >= self.num_experts * 3
+                and _C.routed_to_most(self.num_experts, topk_ids)):
+            directory.stream_after(self.arenas)
 
     def residency_stats(self) -> Optional[dict]:
         """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the

@@ -143,6 +143,17 @@ class LayerArenas:
             a.prefault(wait)
         return True
 
+    def stream(self) -> bool:
+        """Starts mapping the file-backed arenas in the background (``MADV_POPULATE_READ`` alone, on each
+        arena's prefaulter thread; prefaulter.h): a prefill's next layer. False where an arena's prefaulter is
+        still running (a warm or an earlier stream): nothing new is started for it."""
+        started = False
+        for a in self:
+            if a.file_mode and a.prefault_status != "running":
+                a.prefault(wait=False, map_only=True)
+                started = True
+        return started
+
     def join_warm(self) -> None:
         for a in self:
             a.join_prefault()

@@ -148,11 +148,18 @@ def file_experts_fit_in_memory() -> bool:
     file_bytes = _C.process_arena_stats()["file_backed_bytes"]
     if file_bytes == 0:
         return True
+    mapped_file = _stat_field_kb("/proc/self/status", "RssFile:")
+    return file_bytes <= min(file_room_bytes(), mapped_file + memory_headroom_bytes())
+
+
+def file_room_bytes() -> int:
+    """RAM (or the memory cgroup's limit, if lower) less this process's anonymous memory: the most file-backed
+    experts that can be in RAM at once. A prefill streams the next layer only while it and the layer computing
+    fit in it together (:meth:`torch_ktmoe.experts_dir.ExpertsDir.stream_after`)."""
     cgroup = _cgroup_memory()
     ram = _stat_field_kb("/proc/meminfo", "MemTotal:")
     ram = ram if cgroup is None else min(ram, cgroup[0])
-    anon, mapped_file = _stat_field_kb("/proc/self/status", "RssAnon:"), _stat_field_kb("/proc/self/status", "RssFile:")
-    return file_bytes <= min(ram - anon, mapped_file + memory_headroom_bytes())
+    return ram - _stat_field_kb("/proc/self/status", "RssAnon:")
 
 
 def _stat_field_kb(path, field):

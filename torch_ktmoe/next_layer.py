@@ -15,7 +15,9 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   a superset-leaning guess;
 * the top-k' experts of each token (k' = 2k by default), their union over the tokens, and
   ``torch_ktmoe.expert_reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
-  pool's I/O threads, so the disk works while layer L's experts compute. It only reads into the page cache:
+  pool's I/O threads, so the disk works while layer L's experts compute. Where the union is at least 3/4 of the
+  experts (a prefill), it reads nothing: layer L's forward maps layer L+1 whole then (``KTMoE``'s prefill
+  streaming, docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
   every output is the same with and without it.
 
 It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: off by default;
@@ -37,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import expert_reads, ops
+from ._native import _C
 
 __all__ = ["NextLayerPredictor", "PredictionRecall", "router_refusal", "NEXT_LAYER_MODES"]
 
@@ -142,5 +145,7 @@ class NextLayerPredictor:
             self.target.next_layer_recall.expect(predicted)
             experts = torch.unique(predicted)
             experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
+            if _C.routed_to_most(self.target.num_experts, experts):  # a prefill: layer L streams L+1 whole
+                return
             for w13, w2 in self.target.packed_tensors():
                 expert_reads.read_ahead_experts(w13, w2, experts)

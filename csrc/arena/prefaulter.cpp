@@ -29,7 +29,8 @@ std::string Prefaulter::wait_reads(const std::shared_ptr<ReadBatch>& batch) {
   return batch->error();
 }
 
-void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<const ReadFile>& file) {
+void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<const ReadFile>& file,
+                      bool map_only) {
   struct Step {
     char* addr;
     int64_t bytes, offset;
@@ -41,7 +42,7 @@ void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<
       steps.push_back({static_cast<char*>(s.addr) + off, std::min(kPrefaultStep, s.bytes - off), s.offset + off, nullptr});
   ReaderPool& pool = ReaderPool::instance();
   const auto queue_reads = [&](Step& st) {  // the pool reads the step's pieces, several at once
-    if (mincore_resident(st.addr, st.bytes) >= st.bytes) return;
+    if (map_only || mincore_resident(st.addr, st.bytes) >= st.bytes) return;
     st.reads = std::make_shared<ReadBatch>();
     pool.read(file, {{st.offset, st.bytes}}, st.reads);
   };
@@ -74,7 +75,7 @@ void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<
         break;
       }
     }
-    if (!st.reads) read_lines(st.addr, st.bytes);  // cached, unread: the CPU's first read
+    if (!st.reads && !map_only) read_lines(st.addr, st.bytes);  // cached, unread: the CPU's first read
   }
   for (const Step& st : steps)  // a stop or an error: the disk need not read the rest
     if (st.reads) pool.cancel(st.reads.get());
@@ -83,7 +84,7 @@ void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<
 }
 
 bool Prefaulter::run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile> file, bool wait,
-                     std::string* error) {
+                     std::string* error, bool map_only) {
   std::lock_guard<std::mutex> lock(run_mutex_);
   if (thread_.joinable()) thread_.join();
   {
@@ -92,10 +93,12 @@ bool Prefaulter::run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile
   }
   done_.store(0);
   if (!wait) {
-    thread_ = std::thread([this, spans = std::move(spans), file = std::move(file)] { work(spans, file); });
+    thread_ = std::thread([this, spans = std::move(spans), file = std::move(file), map_only] {
+      work(spans, file, map_only);
+    });
     return true;
   }
-  work(spans, file);
+  work(spans, file, map_only);
   const std::string s = status();
   if (s.rfind("error: ", 0) == 0) {
     if (error) *error = s.substr(7);

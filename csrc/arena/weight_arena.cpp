@@ -277,7 +277,7 @@ bool WeightArena::evict(std::string* error) {
   return true;
 }
 
-bool WeightArena::prefault(bool wait, std::string* error) {
+bool WeightArena::prefault(bool wait, std::string* error, bool map_only) {
   if (!file_.valid()) {
     prefaulter_.join();
     return true;
@@ -285,7 +285,7 @@ bool WeightArena::prefault(bool wait, std::string* error) {
   // the file stays open (and the same) while slices are mapped
   std::shared_ptr<const ReadFile> file = read_file(error);  // the pool's handle; the fd stays open while mapped
   if (!file) return false;
-  return prefaulter_.run(mapped_spans(), std::move(file), wait, error);
+  return prefaulter_.run(mapped_spans(), std::move(file), wait, error, map_only);
 }
 
 std::shared_ptr<WeightArena> WeightArena::holding(const void* p, int64_t bytes) {

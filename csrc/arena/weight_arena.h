@@ -124,9 +124,9 @@ class WeightArena {
   // reclaim through the LRU (slower, may skip pages): fadvise is deterministic.
   bool evict(std::string* error);
 
-  // Warms the file's slices (prefaulter.h); wait=false on the prefaulter's
-  // background thread. No-op when no file is open.
-  bool prefault(bool wait, std::string* error);
+  // Warms the file's slices (prefaulter.h; map_only: MADV_POPULATE_READ alone); wait=false on
+  // the prefaulter's background thread. No-op when no file is open.
+  bool prefault(bool wait, std::string* error, bool map_only = false);
   Prefaulter& prefaulter() { return prefaulter_; }  // its status, progress, join and stop
 
   // The live arena whose mapped slices hold [p, p + bytes) whole, or nullptr (anonymous memory, another

@@ -46,6 +46,9 @@ std::vector<int64_t> distinct_experts(int64_t num_experts, const int64_t* ids, i
   return experts;
 }
 
+// routed_to_most's share: at least 3/4 of the experts (expert_reads.h).
+bool most_of(int64_t distinct, int64_t num_experts) { return distinct * 4 >= num_experts * 3; }
+
 void advise(const at::Tensor& w13, const at::Tensor& w2, const std::vector<int64_t>& experts) {
   for (const at::Tensor* w : {&w13, &w2}) {
     const auto* p = w->data_ptr<uint8_t>();
@@ -56,8 +59,25 @@ void advise(const at::Tensor& w13, const at::Tensor& w2, const std::vector<int64
 
 }  // namespace
 
+bool routed_to_most(int64_t num_experts, const int64_t* ids, int64_t n) {
+  return most_of(int64_t(distinct_experts(num_experts, ids, n).size()), num_experts);
+}
+
+bool routed_to_most(int64_t num_experts, const at::Tensor& topk_ids) {
+  TORCH_CHECK(num_experts > 0, "routed_to_most: num_experts must be > 0, got ", num_experts);
+  TORCH_CHECK(topk_ids.device().is_cpu() && at::isIntegralType(topk_ids.scalar_type(), /*includeBool=*/false),
+              "routed_to_most: topk_ids must be an integer CPU tensor, got ", topk_ids.scalar_type());
+  const at::Tensor ids = topk_ids.to(at::kLong).contiguous();
+  const int64_t top = ids.numel() ? ids.max().item<int64_t>() : -1;
+  TORCH_CHECK(top < num_experts, "routed_to_most: topk_ids holds expert id ", top, " but there are only ", num_experts,
+              " experts");
+  return routed_to_most(num_experts, ids.data_ptr<int64_t>(), ids.numel());
+}
+
 void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
-  advise(w13, w2, distinct_experts(w13.size(0), ids, n));
+  const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
+  if (most_of(int64_t(experts.size()), w13.size(0))) return;  // a prefill: the faults do better
+  advise(w13, w2, experts);
 }
 
 void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {

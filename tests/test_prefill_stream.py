@@ -1,0 +1,172 @@
+"""A prefill's streaming of the next layer (KTMoE, ExpertsDir.stream_after, LayerArenas.stream): a forward routed
+to at least 3/4 of a layer's experts, while the model's file-backed experts do not fit (``prefetching``), maps
+the next layer of the same directory in the background (MADV_POPULATE_READ alone); decode, fitting models,
+anonymous experts and the last layer start nothing; outputs never change; ``routed_to_most`` says what counts."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import random_experts
+from torch_ktmoe import KTMoE, memory, ops
+from torch_ktmoe._native import _C
+from torch_ktmoe.experts_dir import ExpertsDir
+
+E, K, H, I = 8, 2, 256, 128
+ALL = torch.arange(E).reshape(E // K, K)  # 4 tokens routed to every expert: a prefill
+ONE = torch.tensor([[0, 1]])  # decode: 2 of the 8 experts
+
+
+def _model(directory, layers=2, **kwargs):
+    out = []
+    for idx in range(layers):
+        layer = KTMoE(E, K, H, I, weight_format="int8", mmap_experts_dir=directory, layer_idx=idx, numa_parts=1,
+                      warm="none", **kwargs)
+        layer.load_weights(*random_experts(E, H, I, seed=idx))
+        out.append(layer)
+    return out
+
+
+def _evicted(layer):
+    for a in layer.arenas:
+        a.join_prefault()
+        a.evict()
+    assert layer.arenas.file_resident_bytes == 0
+    return layer
+
+
+def _forward(layer, ids):
+    x = torch.randn(ids.shape[0], H).bfloat16()
+    w = torch.full(ids.shape, 0.5)
+    return layer(x, ids, w), ops.moe_forward(x, ids, w, *layer.packed_tensors()[0])
+
+
+def test_routed_to_most_is_three_quarters_of_the_distinct_ids():
+    assert _C.routed_to_most(8, torch.tensor([[0, 1], [2, 3], [4, 5]]))  # 6 of 8
+    assert _C.routed_to_most(8, torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32))
+    assert not _C.routed_to_most(8, torch.tensor([[0, 1], [2, 3], [4, 4]]))  # 5 distinct
+    assert not _C.routed_to_most(8, torch.tensor([[0, 1], [2, 3], [4, -1]]))  # negative ids are skipped
+    assert not _C.routed_to_most(8, torch.empty(0, 2, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="expert id 8"):
+        _C.routed_to_most(8, torch.tensor([[8]]))
+    with pytest.raises(RuntimeError, match="integer CPU tensor"):
+        _C.routed_to_most(8, torch.tensor([[0.0]]))
+    with pytest.raises(RuntimeError, match="num_experts must be > 0"):
+        _C.routed_to_most(0, torch.tensor([[0]]))
+
+
+def test_a_prefill_maps_the_next_layer_and_outputs_do_not_change(tmp_path):
+    first, second = _model(tmp_path, prefetch=True)
+    _evicted(second)
+    got, ref = _forward(first, ALL)
+    assert torch.equal(got, ref)
+    for a in second.arenas:
+        a.join_prefault()
+        assert a.prefault_status == "populate_read"
+    assert second.arenas.file_resident_bytes >= second.arenas.file_backed_bytes  # (mincore: whole pages)
+    got, ref = _forward(second, ALL)  # the last layer: nothing after it to stream
+    assert torch.equal(got, ref)
+
+
+def test_decode_streams_nothing(tmp_path):
+    first, second = _model(tmp_path, prefetch=True)
+    _evicted(second)
+    got, ref = _forward(first, ONE)
+    assert torch.equal(got, ref)
+    assert all(a.prefault_status != "running" for a in second.arenas)
+    assert second.arenas.file_resident_bytes == 0
+
+
+def test_a_model_that_fits_streams_nothing(tmp_path):
+    first, second = _model(tmp_path, prefetch=False)
+    _evicted(second)
+    _forward(first, ALL)
+    assert second.arenas.file_resident_bytes == 0
+
+
+def test_layers_that_do_not_fit_together_stream_nothing(tmp_path, monkeypatch):
+    first, second = _model(tmp_path, prefetch=True)
+    _evicted(second)
+    room = first.arenas.file_backed_bytes + second.arenas.file_backed_bytes
+    monkeypatch.setattr(memory, "file_room_bytes", lambda: room - 1)  # streaming would evict the layer computing
+    assert not first.arenas.experts_dir.stream_after(first.arenas)
+    got, ref = _forward(first, ALL)
+    assert torch.equal(got, ref) and second.arenas.file_resident_bytes == 0
+    monkeypatch.setattr(memory, "file_room_bytes", lambda: room)
+    assert first.arenas.experts_dir.stream_after(first.arenas)
+    for a in second.arenas:
+        a.join_prefault()
+
+
+def test_the_next_layer_is_the_next_index_of_the_same_directory(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    layers = _model(tmp_path / "a", layers=3)
+    other = _model(tmp_path / "b", layers=2)
+    directory = layers[0].arenas.experts_dir
+    assert isinstance(directory, ExpertsDir)
+    assert directory.next_layer(layers[0].arenas) is layers[1].arenas
+    assert directory.next_layer(layers[1].arenas) is layers[2].arenas
+    assert directory.next_layer(layers[2].arenas) is None
+    assert not directory.stream_after(layers[2].arenas)
+    assert other[0].arenas.experts_dir.next_layer(other[0].arenas) is other[1].arenas
+
+
+def test_anonymous_experts_stream_nothing():
+    layer = KTMoE(E, K, H, I, weight_format="int8", numa_parts=1, prefetch=True)
+    layer.load_weights(*random_experts(E, H, I))
+    assert layer.arenas.experts_dir is None and not layer.arenas.stream()
+    got, ref = _forward(layer, ALL)
+    assert torch.equal(got, ref)
+
+
+def test_a_stream_in_flight_is_not_started_twice(tmp_path):
+    first, second = _model(tmp_path, prefetch=True)
+    _evicted(second)
+    assert second.arenas.stream()
+    started_again = second.arenas.stream()  # False while the first still runs, True once it ended: never an error
+    for a in second.arenas:
+        a.join_prefault()
+        assert a.prefault_status == "populate_read"
+    assert isinstance(started_again, bool)
+    assert second.arenas.file_resident_bytes >= second.arenas.file_backed_bytes  # (mincore: whole pages)
+
+
+_EXIT_WHILE_STREAMING = r"""
+import sys, torch
+from tests.helpers import random_experts
+from torch_ktmoe import KTMoE
+layers = []
+for idx in range(2):
+    layer = KTMoE(8, 2, 1024, 512, weight_format="int8", mmap_experts_dir=sys.argv[1], layer_idx=idx,
+                  numa_parts=1, warm="none", prefetch=True)
+    layer.load_weights(*random_experts(8, 1024, 512, seed=idx))
+    layers.append(layer)
+for a in layers[1].arenas:
+    a.evict()
+layers[0](torch.randn(4, 1024), torch.arange(8).reshape(4, 2), torch.full((4, 2), 0.5))
+if sys.argv[2] == "fork":
+    import os
+    pid = os.fork()
+    if pid == 0:  # the child has no prefaulter thread: its arenas stream again by themselves
+        arenas = layers[1].arenas
+        for a in arenas:
+            assert a.prefault_status != "running", a.prefault_status
+            a.evict()
+        assert arenas.stream()
+        for a in arenas:
+            a.join_prefault()
+            assert a.prefault_status == "populate_read", a.prefault_status
+        os._exit(0 if arenas.file_resident_bytes >= arenas.file_backed_bytes else 3)
+    assert os.waitpid(pid, 0)[1] == 0
+print("exit")
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "fork"])
+def test_exit_or_fork_while_a_stream_runs(tmp_path, how):
+    res = subprocess.run([sys.executable, "-c", _EXIT_WHILE_STREAMING, str(tmp_path), how], capture_output=True,
+                         text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0 and res.stdout.strip().endswith("exit"), res.stderr[-2000:]
