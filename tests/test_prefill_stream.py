@@ -170,3 +170,28 @@ def test_exit_or_fork_while_a_stream_runs(tmp_path, how):
     res = subprocess.run([sys.executable, "-c", _EXIT_WHILE_STREAMING, str(tmp_path), how], capture_output=True,
                          text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0 and res.stdout.strip().endswith("exit"), res.stderr[-2000:]
+
+
+_TRUNCATED = r"""
+import os, sys, torch
+from tests.helpers import random_experts
+from torch_ktmoe import KTMoE
+layer = KTMoE(8, 2, 1024, 512, weight_format="int8", mmap_experts_dir=sys.argv[1], layer_idx=1, numa_parts=1,
+              warm="none", prefetch=True)
+layer.load_weights(*random_experts(8, 1024, 512))
+for a in layer.arenas:
+    a.evict()
+path = os.path.join(sys.argv[1], layer.arenas.file_names()[0])
+os.truncate(path, os.path.getsize(path) // 4)  # under the mapping: the stream's pages past the end do not exist
+assert layer.arenas.stream()
+for a in layer.arenas:
+    a.join_prefault()
+    print(a.prefault_status)
+"""
+
+
+def test_a_truncated_next_layer_ends_its_stream_with_an_error(tmp_path):
+    res = subprocess.run([sys.executable, "-c", _TRUNCATED, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().startswith("error: madvise(MADV_POPULATE_READ)"), res.stdout
