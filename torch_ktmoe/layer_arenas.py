@@ -146,7 +146,8 @@ class LayerArenas:
     def stream(self) -> bool:
         """Starts mapping the file-backed arenas in the background (``MADV_POPULATE_READ`` alone, on each
         arena's prefaulter thread; prefaulter.h): a prefill's next layer. False where an arena's prefaulter is
-        still running (a warm or an earlier stream): nothing new is started for it."""
+        still running (a warm or an earlier stream): nothing new is started for it, and the caller (a compute
+        thread) never waits on it."""
         started = False
         for a in self:
             if a.file_mode and a.prefault_status != "running":

@@ -85,7 +85,12 @@ void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<
 
 bool Prefaulter::run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile> file, bool wait,
                      std::string* error, bool map_only) {
-  std::lock_guard<std::mutex> lock(run_mutex_);
+  std::unique_lock<std::mutex> lock(run_mutex_, std::defer_lock);
+  if (!map_only) {
+    lock.lock();
+  } else if (!lock.try_lock() || status() == "running") {
+    return true;  // a warm (or another stream) runs: it maps the file too; a compute thread never waits on it
+  }
   if (thread_.joinable()) thread_.join();
   {
     std::lock_guard<std::mutex> status_lock(status_mutex_);

@@ -67,7 +67,8 @@ class Prefaulter {
   // Warms `spans` of `file` (the spans must stay mapped until the run ends), after joining a
   // previous background run. wait=false: on the background thread, returning at once. False with *error
   // when a wait=true run failed; a background error is kept in status().
-  // map_only: MADV_POPULATE_READ only (see above).
+  // map_only: MADV_POPULATE_READ only (see above), and never a wait: while another run holds or runs the
+  // prefaulter it starts nothing and returns true (the caller is a compute thread).
   bool run(std::vector<FileSpan> spans, std::shared_ptr<const ReadFile> file, bool wait, std::string* error,
            bool map_only = false);
   void join();  // waits for a background run, if any
