@@ -19,6 +19,11 @@ ALL = torch.arange(E).reshape(E // K, K)  # 4 tokens routed to every expert: a p
 ONE = torch.tensor([[0, 1]])  # decode: 2 of the 8 experts
 
 
+@pytest.fixture(autouse=True)
+def does_not_fit(monkeypatch):
+    monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: False)  # streaming is for such models
+
+
 def _model(directory, layers=2, **kwargs):
     out = []
     for idx in range(layers):
@@ -79,8 +84,9 @@ def test_decode_streams_nothing(tmp_path):
     assert second.arenas.file_resident_bytes == 0
 
 
-def test_a_model_that_fits_streams_nothing(tmp_path):
-    first, second = _model(tmp_path, prefetch=False)
+def test_a_model_that_fits_streams_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: True)
+    first, second = _model(tmp_path, prefetch=True)  # read-ahead forced, but the model fits: no streaming
     _evicted(second)
     _forward(first, ALL)
     assert second.arenas.file_resident_bytes == 0
@@ -98,6 +104,15 @@ def test_layers_that_do_not_fit_together_stream_nothing(tmp_path, monkeypatch):
     assert first.arenas.experts_dir.stream_after(first.arenas)
     for a in second.arenas:
         a.join_prefault()
+
+
+def test_a_layer_the_warm_has_queued_is_left_to_the_warm(tmp_path):
+    first, second = _model(tmp_path, prefetch=True)
+    _evicted(second)
+    second.arenas.warm_pending = True  # the model's warm maps it; its status stays the warm's
+    assert not first.arenas.experts_dir.stream_after(first.arenas)
+    _forward(first, ALL)
+    assert second.arenas.file_resident_bytes == 0
 
 
 def test_the_next_layer_is_the_next_index_of_the_same_directory(tmp_path):
@@ -137,7 +152,8 @@ def test_a_stream_in_flight_is_not_started_twice(tmp_path):
 _EXIT_WHILE_STREAMING = r"""
 import sys, torch
 from tests.helpers import random_experts
-from torch_ktmoe import KTMoE
+from torch_ktmoe import KTMoE, memory
+memory.file_experts_fit_in_memory = lambda: False  # streaming is for models that do not fit
 layers = []
 for idx in range(2):
     layer = KTMoE(8, 2, 1024, 512, weight_format="int8", mmap_experts_dir=sys.argv[1], layer_idx=idx,

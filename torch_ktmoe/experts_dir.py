@@ -73,14 +73,18 @@ class ExpertsDir:
         return min(later, key=lambda a: a.layer_idx) if later else None
 
     def stream_after(self, arenas) -> bool:
-        """A prefill of the layer ``arenas`` has started: map the next layer's experts in the background while it
-        computes (:meth:`LayerArenas.stream`), if the two layers fit in memory together
-        (:func:`torch_ktmoe.memory.file_room_bytes`; else streaming would evict the layer computing). True if a
-        stream was started."""
+        """A prefill of the layer ``arenas`` has started: stream the next layer (:meth:`stream`) beside it."""
         following = self.next_layer(arenas)
-        if following is None or following.file_backed_bytes + arenas.file_backed_bytes > memory.file_room_bytes():
+        return following is not None and self.stream(following, arenas.file_backed_bytes)
+
+    def stream(self, arenas, beside_bytes: int) -> bool:
+        """Map the layer ``arenas``'s experts in the background (:meth:`LayerArenas.stream`) while a layer of
+        ``beside_bytes`` computes, if the two fit in memory together (:func:`torch_ktmoe.memory.file_room_bytes`;
+        else streaming would evict the layer computing) and the model's warm has not queued the layer (the warm
+        maps it; its status stays its own). True if a stream was started."""
+        if arenas.warm_pending or arenas.file_backed_bytes + beside_bytes > memory.file_room_bytes():
             return False
-        return following.stream()
+        return arenas.stream()
 
     def residency(self) -> dict:
         """``file_backed_bytes`` and ``resident_bytes`` (``mincore``) of the live layers' file-backed experts."""

@@ -1,6 +1,7 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
 (its arenas: layer_arenas.py; its directory's read-ahead decision and warm: experts_dir.py; copy and pickle:
 layer_copies.py)."""
+import warnings
 from typing import List, Mapping, Optional, Union
 
 import torch
@@ -379,7 +380,8 @@ class KTMoE(nn.Module):
         if not torch.compiler.is_compiling() and self.next_layer_recall.pending is not None:
             self.next_layer_recall.observe(topk_ids)  # the previous layer predicted this forward's experts
         prefetch = self.prefetching
-        if prefetch and not torch.compiler.is_compiling():
+        if prefetch and self.arenas.experts_dir is not None and not self.arenas.experts_dir.file_experts_fit \
+                and not torch.compiler.is_compiling():
             self._stream_next_layer(topk_ids)
         if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
             return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
@@ -389,10 +391,14 @@ class KTMoE(nn.Module):
     def _stream_next_layer(self, topk_ids: torch.Tensor) -> None:
         """A prefill (routed to at least 3/4 of the experts) of a model that does not fit: map the next layer's
         experts from the disk in the background while this one computes (ExpertsDir.stream_after)."""
-        directory = self.arenas.experts_dir
-        if (directory is not None and topk_ids.numel() * 4 >= self.num_experts * 3
-                and _C.routed_to_most(self.num_experts, topk_ids)):
-            directory.stream_after(self.arenas)
+        if topk_ids.numel() * 4 >= self.num_experts * 3 and _C.routed_to_most(self.num_experts, topk_ids):
+            try:
+                self.arenas.experts_dir.stream_after(self.arenas)
+            except RuntimeError as e:  # e.g. the file cannot be reopened: the experts fault in as without it
+                if not getattr(self, "_stream_warned", False):
+                    self._stream_warned = True
+                    warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({e}); "
+                                  "its experts fault in on use", ResourceWarning, stacklevel=3)
 
     def residency_stats(self) -> Optional[dict]:
         """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the

@@ -16,8 +16,8 @@ entering layer L's experts (``[T, H]``, before they run), it computes
 * the top-k' experts of each token (k' = 2k by default), their union over the tokens, and
   ``torch_ktmoe.expert_reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
   pool's I/O threads, so the disk works while layer L's experts compute. Where the union is at least 3/4 of the
-  experts (a prefill), it reads nothing: layer L's forward maps layer L+1 whole then (``KTMoE``'s prefill
-  streaming, docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
+  experts (a prefill), layer L+1 is mapped whole instead (``ExpertsDir.stream``, what a prefill's forward does
+  without a predictor: docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
   every output is the same with and without it.
 
 It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: off by default;
@@ -145,7 +145,10 @@ class NextLayerPredictor:
             self.target.next_layer_recall.expect(predicted)
             experts = torch.unique(predicted)
             experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
-            if _C.routed_to_most(self.target.num_experts, experts):  # a prefill: layer L streams L+1 whole
+            if _C.routed_to_most(self.target.num_experts, experts):  # a prefill's union: map layer L+1 whole
+                directory = self.target.arenas.experts_dir
+                if directory is not None:
+                    directory.stream(self.target.arenas, self.target.arenas.file_backed_bytes)
                 return
             for w13, w2 in self.target.packed_tensors():
                 expert_reads.read_ahead_experts(w13, w2, experts)
