@@ -380,9 +380,8 @@ class KTMoE(nn.Module):
         if not torch.compiler.is_compiling() and self.next_layer_recall.pending is not None:
             self.next_layer_recall.observe(topk_ids)  # the previous layer predicted this forward's experts
         prefetch = self.prefetching
-        if prefetch and self.arenas.experts_dir is not None and not self.arenas.experts_dir.file_experts_fit \
-                and not torch.compiler.is_compiling():
-            self._stream_next_layer(topk_ids)
+        if prefetch and topk_ids.numel() * 4 >= self.num_experts * 3 and not torch.compiler.is_compiling():
+            self._stream_next_layer(topk_ids)  # (decode fails the first two tests: it pays nothing more)
         if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
             return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
         return self.residency.observe(self.packed_tensors(), topk_ids, hidden_states.numel() // self.hidden_size,
@@ -391,14 +390,16 @@ class KTMoE(nn.Module):
     def _stream_next_layer(self, topk_ids: torch.Tensor) -> None:
         """A prefill (routed to at least 3/4 of the experts) of a model that does not fit: map the next layer's
         experts from the disk in the background while this one computes (ExpertsDir.stream_after)."""
-        if topk_ids.numel() * 4 >= self.num_experts * 3 and _C.routed_to_most(self.num_experts, topk_ids):
-            try:
-                self.arenas.experts_dir.stream_after(self.arenas)
-            except RuntimeError as e:  # e.g. the file cannot be reopened: the experts fault in as without it
-                if not getattr(self, "_stream_warned", False):
-                    self._stream_warned = True
-                    warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({e}); "
-                                  "its experts fault in on use", ResourceWarning, stacklevel=3)
+        directory = self.arenas.experts_dir
+        if directory is None or directory.file_experts_fit or not _C.routed_to_most(self.num_experts, topk_ids):
+            return
+        try:
+            directory.stream_after(self.arenas)
+        except RuntimeError as e:  # e.g. the file cannot be reopened: the experts fault in as without it
+            if not getattr(self, "_stream_warned", False):
+                self._stream_warned = True
+                warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({e}); "
+                              "its experts fault in on use", ResourceWarning, stacklevel=3)
 
     def residency_stats(self) -> Optional[dict]:
         """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the

@@ -65,11 +65,11 @@ void Prefaulter::work(const std::vector<FileSpan>& spans, const std::shared_ptr<
       }
     }
     if (::madvise(st.addr, static_cast<size_t>(st.bytes), advice) != 0) {
-      if (advice == MADV_POPULATE_READ && errno == EINVAL && map_only) {  // kernel < 5.14: WILLNEED is slower
-        status = "error: MADV_POPULATE_READ unsupported (Linux < 5.14): no map-only run";
-        break;
-      }
       if (advice == MADV_POPULATE_READ && errno == EINVAL) {  // kernel < 5.14
+        if (map_only) {  // WILLNEED would be slower than no stream
+          status = "error: MADV_POPULATE_READ unsupported (Linux < 5.14): no map-only run";
+          break;
+        }
         advice = MADV_WILLNEED;
         status = "willneed";
       }
