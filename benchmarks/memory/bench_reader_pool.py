@@ -79,7 +79,7 @@ for n, (t, i) in enumerate(order):
         nt, ni = order[n + 1]
         expert_reads.read_ahead_experts(*packed[ni], routes[nt][ni])
     h = h + model[i](h, routes[t][i], w)
-        h = h / h.float().norm().clamp_min(1e-3).to(h.dtype) * 40
+    h = h / h.float().norm().clamp_min(1e-3).to(h.dtype) * 40
 dt, read = time.perf_counter() - t0, io_read() - r0
 p1 = expert_reads.reader_pool_stats()
 json.dump({"tok_s": tokens / dt, "bytes_per_token": read / tokens, "disk_gb_s": read / dt / 1e9,
