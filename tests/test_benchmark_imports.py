@@ -1,12 +1,14 @@
 """Benchmarks never run under pytest, so their imports are checked here: every project module
 (torch_ktmoe, ktmoe_harness, benchmarks) that a benchmark or harness file imports, at any depth
-(imports inside functions included), must exist and hold the names taken from it. The programs a
+(imports inside functions included), must exist and hold the names taken from it, and every attribute read
+off an imported project module (``packed_dir.EXPERTS_DIR``) must exist in it. The programs a
 benchmark runs in a child process (module-level strings of Python source) must compile, and their
 project imports resolve the same way."""
 import ast
 import importlib
 import pathlib
 import re
+import types
 
 import pytest
 
@@ -16,14 +18,15 @@ FILES = sorted([*ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("ktmoe_harness/**/*
 
 
 def _project_imports(path: pathlib.Path, source: str = None):
-    """(module, name or None, line) for every import of a project module in the file (or in `source`, a
-    program the file holds: relative imports resolve against the file's package)."""
+    """(module, name or None, line, bound) for every import of a project module in the file (or in `source`,
+    a program the file holds: relative imports resolve against the file's package); `bound` is the name the
+    import binds where it names a module by it (import x.y as z, from x import y), else None."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in OURS:
-                    yield alias.name, None, node.lineno
+                    yield alias.name, None, node.lineno, alias.asname
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:  # relative: resolve against the file's package
@@ -31,7 +34,7 @@ def _project_imports(path: pathlib.Path, source: str = None):
                 module = ".".join([*base, module] if module else base)
             if module.split(".")[0] in OURS:
                 for alias in node.names:
-                    yield module, alias.name, node.lineno
+                    yield module, alias.name, node.lineno, alias.asname or alias.name
 
 
 def _child_programs(path: pathlib.Path):
@@ -43,8 +46,19 @@ def _child_programs(path: pathlib.Path):
             yield name, value
 
 
+def _as_module(dotted: str):
+    """The module `dotted` names, or None (a name inside a module, not a module)."""
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError:
+        parent, _, name = dotted.rpartition(".")
+        value = getattr(importlib.import_module(parent), name, None) if parent else None
+        return value if isinstance(value, types.ModuleType) else None
+
+
 def _check_imports(path: pathlib.Path, source: str = None):
-    for module, name, line in _project_imports(path, source):
+    modules = {}  # names bound to project modules -> the module
+    for module, name, line, bound in _project_imports(path, source):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -54,6 +68,15 @@ def _check_imports(path: pathlib.Path, source: str = None):
                 importlib.import_module(f"{module}.{name}")  # a submodule
             except ModuleNotFoundError:
                 pytest.fail(f"{path.name}:{line}: from {module} import {name}: no such name")
+        if bound is not None:
+            found = _as_module(module if name is None else f"{module}.{name}")
+            if found is not None:
+                modules[bound] = found
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if not hasattr(modules[node.value.id], node.attr):
+                pytest.fail(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}: "
+                            f"{modules[node.value.id].__name__} has no {node.attr}")
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(f.relative_to(ROOT)) for f in FILES])

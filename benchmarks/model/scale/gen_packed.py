@@ -67,7 +67,7 @@ def main(argv=None):
         layers.append(dict(module=f"model.layers.{layer}.mlp.experts", layer_idx=layer, class_name="Qwen3MoeExperts",
                            num_experts=C.E, top_k=C.TOPK, hidden_size=C.H, intermediate_size=C.I,
                            weight_format=args.format, group_size=ktm.group_size, numa_parts=ktm.numa_parts,
-                           dense_dtype="bfloat16", fingerprint=fingerprint, files=packed_dir._file_names(ktm)))
+                           dense_dtype="bfloat16", fingerprint=fingerprint, files=ktm.arenas.file_names()))
         del ktm
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(GB=f"{written / 1e9:.1f}", MBps=f"{written / 1e6 / (time.time() - t0):.0f}")
