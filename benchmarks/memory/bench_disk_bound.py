@@ -15,8 +15,10 @@ inside a fresh ``--limit-mib`` memory cgroup (page cache charged there too), the
 the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
 measured tokens: tok/s, the disk rate while the layers waited on it (``residency_report``: read_bytes / the
 forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
-of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, bytes read and major faults per
-token, the routed experts' hit rate and the predictor's recall.
+of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files and as % of the best rate under
+the same memory limit (``disk_roof.limited_rate``: 8 buffered streams in a full cgroup of ``--limit-mib``, where
+each page read first reclaims one), bytes read and major faults per token, the routed experts' hit rate and the
+predictor's recall.
 
 ``--prefill T``: instead of decoding, each child runs one forward of T tokens through the stack from the cold
 page cache (the prefill of a long prompt: T·k >> E touches every expert of every layer) and reports its time,
@@ -31,7 +33,7 @@ import shutil
 import sys
 import tempfile
 
-from benchmarks.baselines.disk_roof import disk_rates, disk_roof, roof_line
+from benchmarks.baselines.disk_roof import disk_rates, disk_roof, limited_rate, roof_line
 from ktmoe_harness.memcg import run_in_memory_cgroup
 
 MiB = 1 << 20
@@ -158,11 +160,16 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
                    recall_per_layer=[s["recall"] for s in r["per_layer"].values()]), open(out, "w"))
 
 
+def rate_cell(rate: dict) -> str:
+    """GB/s (% of the best rate, % of the best under the limit)."""
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    return f"{fmt(rate['GBps'], '.2f')} ({fmt(rate['pct_of_roof'], '.0f')} %, {fmt(rate['pct_of_limited'], '.0f')} %)"
+
+
 def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
     if "prefill_s" not in res:
         return f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | {load:.1f} |"
-    rate = disk_rates(res["read_bytes"], res["prefill_s"], roof)
-    disk = "-" if not res["read_bytes"] else f"{rate['GBps']:.2f} ({rate['pct_of_roof']:.0f} %)"
+    disk = "-" if not res["read_bytes"] else rate_cell(disk_rates(res["read_bytes"], res["prefill_s"], roof))
     return (f"| {routing} | {res['mode']} | {res['prefill_s']:.2f} | {res['read_bytes'] / 1e9:.2f} | {disk} | "
             f"{res['next_layer_prefetching']} | {load:.1f} |")
 
@@ -175,9 +182,7 @@ def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
     overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | "
-            f"{fmt(waiting['GBps'], '.2f')} ({fmt(waiting['pct_of_roof'], '.0f')} %) | "
-            f"{fmt(overall['GBps'], '.2f')} ({fmt(overall['pct_of_roof'], '.0f')} %) | "
+    return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | {rate_cell(waiting)} | {rate_cell(overall)} | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
             f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
             f"{res['next_layer_prefetching']} | {load:.1f} |")
@@ -214,6 +219,8 @@ def main(argv=None) -> int:
         files = pack(work, args.layers, dims, args.threads)
         packed = sum(os.path.getsize(f) for f in files)
         roof = disk_roof(files, int(args.roof_gib * (1 << 30)))
+        roof.update(limit_bytes=args.limit_mib * MiB,
+                    limited=limited_rate(files, args.limit_mib * MiB, int(args.roof_gib * (1 << 30))))
         from benchmarks.baselines.disk_roof import drop_file_pages
 
         results = []
@@ -255,7 +262,7 @@ def main(argv=None) -> int:
                   f"memory cgroup, page cache dropped first; one forward of {args.prefill} tokens, {args.threads} "
                   "threads")
             print(roof_line(roof) + f"; the stack's bytes at the best rate: {packed / roof['best'] / 1e9:.2f} s\n")
-            print("| routing | next-layer | prefill s | GB read | disk GB/s over the forward (% of best) | "
+            print("| routing | next-layer | prefill s | GB read | disk GB/s over the forward (% of best, of best under the limit) | "
                   "next-layer on | load avg |")
             print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
             for routing, res in results:
@@ -266,8 +273,8 @@ def main(argv=None) -> int:
               f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
               f"{args.threads} threads")
         print(roof_line(roof) + "\n")
-        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best) | "
-              "disk GB/s over decode (% of best) | "
+        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of best under the limit) | "
+              "disk GB/s over decode (% of best, of best under the limit) | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or 2 * args.top_k}) | "
               "prefetch / next-layer | "
               "load avg |")
