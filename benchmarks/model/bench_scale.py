@@ -115,7 +115,9 @@ def run_one(system, routing, limit, model_path, harness, args):
     env = C.child_env(args.threads, args.omp_wait_policy)
     if system.startswith("ours"):
         argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", model_path, routing, str(args.threads), toks]
-        env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto")
+        env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto",
+                   KTMOE_SCALE_NEXT_LAYER="auto" if system == "ours-nextlayer" else "off",
+                   KTMOE_SCALE_K_PRIME=str(args.k_prime))
     else:
         argv = models.llama_argv(harness, model_path, routing, args.threads, toks)
         C.drop_caches()
@@ -171,7 +173,8 @@ def fmt_table(results, roofs=None) -> str:
         if r["system"] == "ours-anonymous":
             continue
         name = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap",
-                "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False"}.get(r["system"], r["system"])
+                "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False",
+                "ours-nextlayer": "torch_ktmoe int8, packed dir, next-layer prefetch"}.get(r["system"], r["system"])
         lim = "none" if r["limit"] == "none" else f"{r['limit']} GiB"
         if "tok_s_median" in r:
             roof = roofs.get("ours" if r["system"].startswith("ours") else r["system"])
@@ -204,7 +207,10 @@ def main(argv=None):
     ap.add_argument("--limits", default="none,16,12", help="GiB, comma separated; 'none' = no cgroup")
     ap.add_argument("--routings", default="uniform,zipf")
     ap.add_argument("--systems", default="ours,llama",
-                    help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), llama")
+                    help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), "
+                         "ours-nextlayer (also next_layer_prefetch='auto'), llama")
+    ap.add_argument("--k-prime", type=int, default=0,
+                    help="ours-nextlayer: experts predicted per token (0: the predictor's default, 2k)")
     ap.add_argument("--ours-dtype", default="bfloat16", help="dtype of ours' non-expert weights")
     ap.add_argument("--omp-wait-policy", default="passive",
                     help="OMP_WAIT_POLICY of both systems (both use OpenMP; on a shared, loaded 2-core host "

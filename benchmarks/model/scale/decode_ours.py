@@ -19,7 +19,10 @@ hf.use_decode_attention(model) (single-token decode attention as grouped matmuls
 
 KTMOE_SCALE_PREFETCH: "auto" (default; KTMoE's prefetch="auto", which reads the routed experts ahead
 with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup: here always) or "off"
-(prefetch=False: a fault reads one page, the arena's mappings are MADV_RANDOM).
+(prefetch=False: a fault reads one page, the arena's mappings are MADV_RANDOM). KTMOE_SCALE_NEXT_LAYER: "off"
+(default) or "auto" (next_layer_prefetch="auto": each MoE layer predicts the next one's experts from its hidden
+state and queues their reads to the reader pool while the experts do not fit); KTMOE_SCALE_K_PRIME=N > 0: it
+predicts N experts per token instead of 2k.
 
 --anon-pack N instead packs N random layers of experts into anonymous memory (no mmap_experts_dir),
 printing a line per layer: the anonymous-mode failure demonstration under a memory cgroup.
@@ -76,7 +79,8 @@ def anon_pack(n_layers: int, threads: int):
 
 def load_model(path: str, routing: str):
     """The packed directory as transformers' Qwen3MoeForCausalLM, experts mapped from their files
-    (KTMoE's defaults: warm="auto", and prefetch="auto" unless KTMOE_SCALE_PREFETCH=off), the non-expert
+    (KTMoE's defaults: warm="auto", and prefetch="auto" unless KTMOE_SCALE_PREFETCH=off; next_layer_prefetch="auto"
+    where KTMOE_SCALE_NEXT_LAYER=auto), the non-expert
     weights in KTMOE_SCALE_DTYPE, `routing` set in the embedding's popularity channel (common.py)."""
     import torch
 
@@ -85,8 +89,13 @@ def load_model(path: str, routing: str):
 
     dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
-    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False},
+    next_layer = os.environ.get("KTMOE_SCALE_NEXT_LAYER", "off")
+    model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False,
+                                                               "next_layer_prefetch": "auto" if next_layer == "auto" else False},
                                pack_linears=False, decode_attention=False)
+    k_prime = int(os.environ.get("KTMOE_SCALE_K_PRIME", "0"))
+    if next_layer == "auto" and k_prime > 0:
+        hf.attach_next_layer_prefetch(model, k_prime=k_prime)
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
     if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":
