@@ -54,11 +54,11 @@ def test_recall_is_one_when_the_prediction_is_the_routing(reads):
 def test_recall_counts_each_routed_id_against_its_own_tokens_prediction(reads):
     target = _layer(next_layer_prefetch=True)
     router = Router(torch.randn(E, H), torch.randn(E))
-    predictor = NextLayerPredictor(router, target)  # k' = 2k
-    assert predictor.k_prime == 2 * K
+    predictor = NextLayerPredictor(router, target)  # k' = k
+    assert predictor.k_prime == K
     x = torch.randn(6, H)
     predictor(x)
-    predicted = (x @ router.weight.T + router.bias).topk(2 * K, -1).indices  # the router's bias counts
+    predicted = (x @ router.weight.T + router.bias).topk(K, -1).indices  # the router's bias counts
     routed = torch.randint(0, E, (6, K))
     routed[0, 1] = -1  # skipped: not counted
     target(x, routed, torch.full((6, K), 0.5))
@@ -164,7 +164,7 @@ def test_hf_outputs_are_the_same_with_and_without_it(reads, tokens):
         with torch.no_grad():
             logits[mode] = model(PROMPT[:, :tokens]).logits
     assert torch.equal(logits[True], logits[False])
-    # one token: layers 0 and 1 read ahead 2k of layers 1 and 2's 8 experts, once each; the prompt's union is most
+    # one token: layers 0 and 1 read ahead k of layers 1 and 2's 8 experts, once each; the prompt's union is most
     # of them: a prefill, which reads nothing ahead (its layers stream their next layer whole instead)
     assert len(reads) == (2 if tokens == 1 else 0)
 

@@ -13,7 +13,8 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   / V4), ``score_fn(logits) + bias`` with the router's ``score_fn`` (sigmoid where it has none). Group-limited
   selection (DeepSeek-V3's ``n_group`` / ``topk_group``) is **not** applied: a plain top-k' over all experts,
   a superset-leaning guess;
-* the top-k' experts of each token (k' = 2k by default), their union over the tokens, and
+* the top-k' experts of each token (k' = k by default: on a 30B-class model 2k read twice the bytes and decoded
+  slower, docs/memory.md), their union over the tokens, and
   ``torch_ktmoe.expert_reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
   pool's I/O threads, so the disk works while layer L's experts compute. Where the union is at least 3/4 of the
   experts (a prefill), layer L+1 is mapped whole instead (``ExpertsDir.stream``, what a prefill's forward does
@@ -95,7 +96,7 @@ def router_refusal(router: nn.Module) -> Optional[str]:
 class NextLayerPredictor:
     """Predicts the experts of ``target`` (layer L+1's KTMoE) with ``router`` (layer L+1's router module) from
     layer L's hidden state and reads them ahead; see the module. ``k_prime``: experts predicted per token
-    (default 2k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
+    (default k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
     row, -1 where it holds none (sglang's CPU slots; None: the same ids). Called as
     ``predictor(hidden_states [..., H])``; returns nothing."""
 
@@ -105,7 +106,7 @@ class NextLayerPredictor:
         if reason is not None:
             raise ValueError(f"cannot predict layer {target.layer_idx} from {type(router).__name__}: {reason}")
         self.router, self.target, self.id_map = router, target, id_map
-        k_prime = 2 * target.top_k if k_prime is None else int(k_prime)
+        k_prime = target.top_k if k_prime is None else int(k_prime)
         if k_prime < 1:
             raise ValueError(f"k_prime must be >= 1, got {k_prime}")
         rows = target.num_experts if id_map is None else id_map.numel()

@@ -7,7 +7,7 @@ layer, 2.9 GB in all), packed once into kept cache files, each with a random rou
 per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
 the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
-k' = ``--k-prime``, default 2k) and reads them ahead through the reader pool (``--reader-threads``;
+k' = ``--k-prime``, default k) and reads them ahead through the reader pool (``--reader-threads``;
 ``--next-layer off``: no predictor, only ``moe_forward``'s own read-ahead of the routed experts;
 ``--next-layer on,off`` alternates the two per routing, ``--rounds`` times). Per routing and mode, one child process
 inside a fresh ``--limit-mib`` memory cgroup (page cache charged there too), the files' pages dropped first
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--routings", default=",".join(ROUTINGS))
     ap.add_argument("--k-prime", type=int, default=0, help="experts the next-layer predictor names per token "
-                    "(0: 2k)")
+                    "(0: the predictor's default, k)")
     ap.add_argument("--next-layer", default="on", help="on, off or on,off (alternated): next-layer prefetch")
     ap.add_argument("--reader-threads", type=int, default=-1, help="the reader pool's threads (-1: its default; "
                     "0: next-layer reads become MADV_WILLNEED from the compute thread)")
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         print(roof_line(roof) + "\n")
         print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of best under the limit) | "
               "disk GB/s over decode (% of best, of best under the limit) | "
-              f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or 2 * args.top_k}) | "
+              f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or args.top_k}) | "
               "prefetch / next-layer | "
               "load avg |")
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")

@@ -107,7 +107,7 @@ def main(argv=None) -> int:
             print(f"| {family} | {r['experts']} | {r['k']} | {r['source']} | {r['k_prime']} | "
                   f"{r['moe_layers']} ({r['predicted']}{left}) | {recall} | {r['k_prime'] / r['experts']:.2f} |",
                   flush=True)
-    print(f"\ncost at T = 1, router {args.cost_experts} x {args.cost_hidden}, k = {args.cost_top_k}, k' = 2k, "
+    print(f"\ncost at T = 1, router {args.cost_experts} x {args.cost_hidden}, k = {args.cost_top_k}, k' = k (the default), "
           f"{args.threads} threads (predictor + recall count; an anonymous target: no reads):")
     for packed in (True, False):
         us = cost_us(args.cost_experts, args.cost_hidden, args.cost_top_k, packed)

@@ -210,7 +210,7 @@ def main(argv=None):
                     help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), "
                          "ours-nextlayer (also next_layer_prefetch='auto'), llama")
     ap.add_argument("--k-prime", type=int, default=0,
-                    help="ours-nextlayer: experts predicted per token (0: the predictor's default, 2k)")
+                    help="ours-nextlayer: experts predicted per token (0: the predictor's default, k)")
     ap.add_argument("--ours-dtype", default="bfloat16", help="dtype of ours' non-expert weights")
     ap.add_argument("--omp-wait-policy", default="passive",
                     help="OMP_WAIT_POLICY of both systems (both use OpenMP; on a shared, loaded 2-core host "

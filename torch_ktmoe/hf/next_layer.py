@@ -79,7 +79,7 @@ def _source_module(model: nn.Module, adapter_name: str, source: str) -> tuple[nn
 def attach_next_layer_prefetch(model: nn.Module, *, k_prime: int | None = None,
                                source: str = "experts") -> tuple[list[int], dict[int, str]]:
     """Wire next-layer prefetch through ``model``'s patched MoE layers (see the module). ``k_prime``: experts
-    predicted per token (default 2k of the predicted layer)."""
+    predicted per token (default k of the predicted layer)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     for m in model.modules():  # attaching again replaces the hooks
