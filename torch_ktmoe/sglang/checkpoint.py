@@ -5,7 +5,9 @@ Under ``model.layers.{L}`` (or a multimodal model's ``language_model`` variants)
 :mod:`torch_ktmoe.checkpoint` (fused ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I],
 per-expert ``{e}.{gate,up,down}_proj.weight`` or ``{e}.w1/w3/w2.weight``, gpt-oss MXFP4, FP8, compressed-tensors
 and GPTQ / AWQ int4). An int4 checkpoint's ``config.json`` quantization_config, when the directory has one,
-is checked (:func:`~torch_ktmoe.checkpoint.check_int4_config`).
+is checked (:func:`~torch_ktmoe.checkpoint.check_int4_config`). gpt-oss (config.json ``model_type`` "gpt_oss")
+stores its fused experts with gate and up interleaved (:data:`GPT_OSS_LAYOUT`) and with expert biases
+(:func:`layer_biases`).
 kt-kernel's own pre-converted files (``blk.*`` keys, AMX layouts) are refused with an error
 that says so.
 """
@@ -13,10 +15,19 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from ..checkpoint import INT4_QUANT_METHODS, MOE_BLOCK_NAMES, Int4Experts, SafetensorsCheckpoint, check_int4_config, find_experts
+from ..checkpoint.fused_layout import CONCATENATED, FusedLayout
 
 LAYER_PREFIXES = ("model.layers.{L}", "model.language_model.layers.{L}", "language_model.model.layers.{L}")
 EXPERTS_NAMES = tuple(f"{block}.experts" for block in MOE_BLOCK_NAMES)
+# gpt-oss's fused experts: bf16 gate_up_proj [E, H, 2I] (MXFP4 _blocks output-major), gate = 0::2, up = 1::2
+GPT_OSS_LAYOUT = FusedLayout(transposed=True, interleaved=True)
+
+
+def _experts_prefixes(layer_idx: int) -> list[str]:
+    return [f"{lp.format(L=layer_idx)}.{en}" for lp in LAYER_PREFIXES for en in EXPERTS_NAMES]
 
 
 def check_weight_path(path) -> None:
@@ -29,17 +40,40 @@ def check_weight_path(path) -> None:
                                 "name a directory of *.safetensors files)")
 
 
-def layer_experts(ckpt: SafetensorsCheckpoint, layer_idx: int, hidden_size: int, intermediate_size: int):
-    """The reader of layer ``layer_idx``'s experts; ``reader.experts(ids)`` yields (gate_up [2I, H], down [H, I])."""
+def layer_experts(ckpt: SafetensorsCheckpoint, layer_idx: int, hidden_size: int, intermediate_size: int,
+                  layout: FusedLayout = CONCATENATED):
+    """The reader of layer ``layer_idx``'s experts (fused tensors split as ``layout`` says); ``reader.experts(ids)``
+    yields (gate_up [2I, H], down [H, I])."""
     if any(k.startswith("blk.") for k in ckpt.key_to_file):
         raise ValueError(f"KTMoEWrapper: {ckpt.path} holds kt-kernel's pre-converted CPU weights (blk.* keys); "
                          "torch_ktmoe packs from the original Hugging Face safetensors: point --kt-weight-path "
                          "at the model's checkpoint directory")
-    prefixes = [f"{lp.format(L=layer_idx)}.{en}" for lp in LAYER_PREFIXES for en in EXPERTS_NAMES]
-    reader = find_experts(ckpt, prefixes, hidden_size, intermediate_size, what=f"layer {layer_idx}")
+    reader = find_experts(ckpt, _experts_prefixes(layer_idx), hidden_size, intermediate_size, layout=layout,
+                          what=f"layer {layer_idx}")
     if isinstance(reader, Int4Experts):
         check_int4_checkpoint_config(ckpt)
     return reader
+
+
+def layer_biases(ckpt: SafetensorsCheckpoint, layer_idx: int, num_experts: int, hidden_size: int,
+                 intermediate_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's expert biases of layer ``layer_idx``: (gate_up [E, 2I], gate columns then up; down [E, H]), fp32.
+    KeyError naming the keys looked for where the layer has none, or only one of the two."""
+    tried = []
+    for prefix in _experts_prefixes(layer_idx):
+        keys = (f"{prefix}.gate_up_proj_bias", f"{prefix}.down_proj_bias")
+        tried.extend(keys)
+        if not any(k in ckpt for k in keys):
+            continue
+        missing = [k for k in keys if k not in ckpt]
+        if missing:
+            raise KeyError(f"{missing[0]} is missing in {ckpt.path}: gpt-oss's experts carry a gate_up and a down bias")
+        ckpt.expect_shape(keys[0], (num_experts, 2 * intermediate_size))
+        ckpt.expect_shape(keys[1], (num_experts, hidden_size))
+        gate_up = ckpt.get(keys[0]).float()
+        return torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], -1), ckpt.get(keys[1]).float()
+    raise KeyError(f"no expert biases of layer {layer_idx} in {ckpt.path} (gpt-oss's experts carry them); looked for "
+                   f"{tried[:2]} and the like")
 
 
 def check_int4_checkpoint_config(ckpt: SafetensorsCheckpoint) -> None:

@@ -48,7 +48,7 @@ from ..layer import KTMoE
 from ..next_layer import NextLayerPredictor
 from ..ops import GATED_ACTIVATIONS
 from ..ops import activation_params as activation_params_of
-from .checkpoint import LAYER_PREFIXES, check_weight_path, layer_experts
+from .checkpoint import GPT_OSS_LAYOUT, LAYER_PREFIXES, check_weight_path, layer_biases, layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
@@ -161,7 +161,10 @@ class KTMoEWrapper:
     ``mmap_experts_dir`` keeps the packed experts in files there (default: ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by
     ``--kt-mmap-experts-dir``; ``""``: anonymous memory; with a directory, the packed cache is reused across
     restarts); ``activation`` / ``activation_params`` the experts' gated activation, a row of
-    ``ops.GATED_ACTIVATIONS`` (default ``"silu"``; sglang 0.5.23's KT path passes none); ``next_layer_prefetch``
+    ``ops.GATED_ACTIVATIONS`` (sglang 0.5.23's KT path passes none: then the checkpoint's, gpt-oss's clamped SwiGLU
+    ``"swiglu_oai"`` with its config's ``swiglu_alpha`` / ``swiglu_limit`` where config.json says ``model_type``
+    "gpt_oss", else ``"silu"``; a gpt-oss checkpoint's interleaved gate/up and expert biases are read too);
+    ``next_layer_prefetch``
     (``False`` default, ``"auto"``, ``True``): KTMoE's, whether the previous layer's wrapper reads this layer's
     predicted experts ahead (module docstring). Threads come from ATen's pool (``torch.set_num_threads``). Other
     kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``, ``chunked_prefill_size``,
@@ -180,7 +183,7 @@ class KTMoEWrapper:
                  weight_path: Optional[str] = None, chunked_prefill_size: Optional[int] = None,
                  method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
                  cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
-                 activation: str = "silu", activation_params: Optional[dict] = None,
+                 activation: Optional[str] = None, activation_params: Optional[dict] = None,
                  next_layer_prefetch=False, **unused):
         if unused:
             log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
@@ -193,7 +196,11 @@ class KTMoEWrapper:
                              "(sglang routes every token to its top-k experts)")
         self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
         self.method, self.weight_format = method, weight_format_of(method)
-        # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: SiLU)
+        check_weight_path(weight_path)
+        self.gpt_oss = _config(weight_path).get("model_type") == "gpt_oss"
+        # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: the checkpoint's)
+        if activation is None:
+            activation, activation_params = self._checkpoint_activation(weight_path, activation_params)
         self.activation = activation
         self.activation_params = dict(zip(GATED_ACTIVATIONS[activation]["params"],
                                           activation_params_of(activation, activation_params)))
@@ -204,7 +211,6 @@ class KTMoEWrapper:
         table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
         table[self.cpu_physical] = torch.arange(self.num_cpu_experts, dtype=torch.int32)
         self._id_table = table
-        check_weight_path(weight_path)
         self.weight_path = utf8_path(weight_path, "KTMoEWrapper: weight_path (--kt-weight-path)")
         mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV)
         # "": anonymous, whatever the env says
@@ -221,6 +227,14 @@ class KTMoEWrapper:
                  f"file-backed in {self.mmap_experts_dir}" if self.mmap_experts_dir else "anonymous memory")
 
     # ---------------------------------------------------------------- loading
+    def _checkpoint_activation(self, weight_path: str, params: Optional[dict]) -> tuple[str, Optional[dict]]:
+        """gpt-oss's clamped SwiGLU with its config's constants (``params`` given win), else SiLU."""
+        if not self.gpt_oss:
+            return "silu", params
+        config = _config(weight_path)
+        return "swiglu_oai", {"alpha": float(config.get("swiglu_alpha", 1.702)),
+                              "limit": float(config.get("swiglu_limit", 7.0)), **(params or {})}
+
     def _logical_ids(self, physical_to_logical_map) -> List[int]:
         """The logical (checkpoint) expert of each CPU slot; clear errors for a map that is not 1-D integer
         ids with every CPU slot's id in [0, num_experts)."""
@@ -268,13 +282,18 @@ class KTMoEWrapper:
         """
         ids = self._logical_ids(physical_to_logical_map)
         with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
-            reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size)
+            reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size,
+                                   **({"layout": GPT_OSS_LAYOUT} if self.gpt_oss else {}))
+            biases = (layer_biases(ckpt, self.layer_idx, self.num_experts, self.hidden_size, self.intermediate_size)
+                      if self.gpt_oss else None)
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
             group = exact_group_size(reader, self.weight_format)
             args, kwargs = self._ktmoe_args(group)
             self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format, group), source=source,
                                     key=f"experts:{experts}", **kwargs)
+        if biases is not None:  # fp32 buffers beside the packed experts (never in the cache files)
+            self.moe.set_biases(*(b[torch.tensor(ids, dtype=torch.int64)] for b in biases))
         self._map_slots(ids)
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
