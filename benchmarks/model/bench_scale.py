@@ -117,7 +117,7 @@ def run_one(system, routing, limit, model_path, harness, args):
         argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", model_path, routing, str(args.threads), toks]
         env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto",
                    KTMOE_SCALE_NEXT_LAYER="auto" if system == "ours-nextlayer" else "off",
-                   KTMOE_SCALE_K_PRIME=str(args.k_prime))
+                   KTMOE_SCALE_K_PRIME=str(args.k_prime), KTMOE_SCALE_NEXT_SOURCE=args.next_layer_source)
     else:
         argv = models.llama_argv(harness, model_path, routing, args.threads, toks)
         C.drop_caches()
@@ -211,6 +211,8 @@ def main(argv=None):
                          "ours-nextlayer (also next_layer_prefetch='auto'), llama")
     ap.add_argument("--k-prime", type=int, default=0,
                     help="ours-nextlayer: experts predicted per token (0: the predictor's default, k)")
+    ap.add_argument("--next-layer-source", default="experts", choices=("experts", "layer"),
+                    help="ours-nextlayer: predict from the experts' input (default) or the decoder layer's input")
     ap.add_argument("--ours-dtype", default="bfloat16", help="dtype of ours' non-expert weights")
     ap.add_argument("--omp-wait-policy", default="passive",
                     help="OMP_WAIT_POLICY of both systems (both use OpenMP; on a shared, loaded 2-core host "

@@ -22,7 +22,8 @@ with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup:
 (prefetch=False: a fault reads one page, the arena's mappings are MADV_RANDOM). KTMOE_SCALE_NEXT_LAYER: "off"
 (default) or "auto" (next_layer_prefetch="auto": each MoE layer predicts the next one's experts from its hidden
 state and queues their reads to the reader pool while the experts do not fit); KTMOE_SCALE_K_PRIME=N > 0: it
-predicts N experts per token instead of 2k.
+predicts N experts per token instead of k; KTMOE_SCALE_NEXT_SOURCE=layer: from the decoder layer's input (one attention
+earlier) instead of the experts' input.
 
 --anon-pack N instead packs N random layers of experts into anonymous memory (no mmap_experts_dir),
 printing a line per layer: the anonymous-mode failure demonstration under a memory cgroup.
@@ -94,8 +95,9 @@ def load_model(path: str, routing: str):
                                                                "next_layer_prefetch": "auto" if next_layer == "auto" else False},
                                pack_linears=False, decode_attention=False)
     k_prime = int(os.environ.get("KTMOE_SCALE_K_PRIME", "0"))
-    if next_layer == "auto" and k_prime > 0:
-        hf.attach_next_layer_prefetch(model, k_prime=k_prime)
+    source = os.environ.get("KTMOE_SCALE_NEXT_SOURCE", "experts")
+    if next_layer == "auto" and (k_prime > 0 or source != "experts"):
+        hf.attach_next_layer_prefetch(model, k_prime=k_prime or None, source=source)
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
     if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":
