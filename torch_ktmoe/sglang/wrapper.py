@@ -197,10 +197,11 @@ class KTMoEWrapper:
         self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
         self.method, self.weight_format = method, weight_format_of(method)
         check_weight_path(weight_path)
-        self.gpt_oss = _config(weight_path).get("model_type") == "gpt_oss"
+        config = _config(weight_path)
+        self.gpt_oss = config.get("model_type") == "gpt_oss"
         # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: the checkpoint's)
         if activation is None:
-            activation, activation_params = self._checkpoint_activation(weight_path, activation_params)
+            activation, activation_params = self._checkpoint_activation(config, activation_params)
         self.activation = activation
         self.activation_params = dict(zip(GATED_ACTIVATIONS[activation]["params"],
                                           activation_params_of(activation, activation_params)))
@@ -227,11 +228,10 @@ class KTMoEWrapper:
                  f"file-backed in {self.mmap_experts_dir}" if self.mmap_experts_dir else "anonymous memory")
 
     # ---------------------------------------------------------------- loading
-    def _checkpoint_activation(self, weight_path: str, params: Optional[dict]) -> tuple[str, Optional[dict]]:
-        """gpt-oss's clamped SwiGLU with its config's constants (``params`` given win), else SiLU."""
+    def _checkpoint_activation(self, config: dict, params: Optional[dict]) -> tuple[str, Optional[dict]]:
+        """gpt-oss's clamped SwiGLU with its config.json's constants (``params`` given win), else SiLU."""
         if not self.gpt_oss:
             return "silu", params
-        config = _config(weight_path)
         return "swiglu_oai", {"alpha": float(config.get("swiglu_alpha", 1.702)),
                               "limit": float(config.get("swiglu_limit", 7.0)), **(params or {})}
 
