@@ -67,6 +67,20 @@ def test_gpt_oss_checkpoint_matches_gpt_oss_experts(tmp_path, method, mxfp4):
     assert rel <= FORMAT_TOLERANCE["bf16"], rel
 
 
+def test_gpt_oss_from_tensors_takes_the_checkpoint_biases(tmp_path):
+    """load_weights_from_tensors (gate / up / down [E, I, H] / [E, H, I]) of a gpt-oss checkpoint: the tensors carry
+    no biases, the wrapper reads them from weight_path."""
+    cfg, experts = _checkpoint(tmp_path, mxfp4=False)
+    gate_up = experts.gate_up_proj.detach().transpose(1, 2)  # [E, 2I, H], gate and up interleaved
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method="BF16")
+    wr.load_weights_from_tensors(gate_up[:, 0::2], gate_up[:, 1::2], experts.down_proj.detach().transpose(1, 2))
+    x, ids, w = _routing(16, cfg.hidden_size)
+    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
+    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
+    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) <= FORMAT_TOLERANCE["bf16"]
+
+
 def test_an_explicit_activation_wins_over_the_config(tmp_path):
     """activation= given wins (and here computes another function: the comparison above can fail)."""
     cfg, experts = _checkpoint(tmp_path, mxfp4=False)

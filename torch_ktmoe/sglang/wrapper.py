@@ -284,23 +284,28 @@ class KTMoEWrapper:
         with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
             reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size,
                                    **({"layout": GPT_OSS_LAYOUT} if self.gpt_oss else {}))
-            biases = (layer_biases(ckpt, self.layer_idx, self.num_experts, self.hidden_size, self.intermediate_size)
-                      if self.gpt_oss else None)
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
             experts = hashlib.blake2b(repr(ids).encode(), digest_size=12).hexdigest()
             group = exact_group_size(reader, self.weight_format)
             args, kwargs = self._ktmoe_args(group)
             self.moe = load_experts(*args, reader_experts(reader, ids, self.weight_format, group), source=source,
                                     key=f"experts:{experts}", **kwargs)
-        if biases is not None:  # fp32 buffers beside the packed experts (never in the cache files)
-            self.moe.set_biases(*(b[torch.tensor(ids, dtype=torch.int64)] for b in biases))
+            self._set_checkpoint_biases(ckpt, ids)
         self._map_slots(ids)
+
+    def _set_checkpoint_biases(self, ckpt: SafetensorsCheckpoint, ids: List[int]) -> None:
+        """gpt-oss: the expert biases of the logical experts ``ids`` (one per CPU slot) from the checkpoint onto
+        ``self.moe`` (fp32 buffers beside the packed experts, never in the cache files); others have none."""
+        if self.gpt_oss:
+            rows = torch.tensor(ids, dtype=torch.int64)
+            biases = layer_biases(ckpt, self.layer_idx, self.num_experts, self.hidden_size, self.intermediate_size)
+            self.moe.set_biases(*(b[rows] for b in biases))
 
     def load_weights_from_tensors(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
                                   physical_to_logical_map=None) -> None:
         """Pack from tensors: gate/up [N, I, H], down [N, H, I] with N = E (logical ids, the CPU
         experts are picked through ``physical_to_logical_map``) or N = E_cpu (already the CPU
-        experts, in slot order)."""
+        experts, in slot order). A gpt-oss checkpoint's expert biases are read from ``weight_path``."""
         n = gate_proj.shape[0]
         if n == self.num_cpu_experts and n != self.num_experts:
             sel, ids = slice(None), list(range(n))
@@ -317,7 +322,11 @@ class KTMoEWrapper:
                                       as_kernel_input(up_proj[sel], name="up_proj"),
                                       as_kernel_input(down_proj[sel], name="down_proj"))
         self.moe = moe
-        self._map_slots(ids if n >= self.num_experts else self.cpu_physical.tolist())
+        logical = ids if n >= self.num_experts else self.cpu_physical.tolist()
+        if self.gpt_oss:  # the tensors carry no biases: the checkpoint's
+            with SafetensorsCheckpoint(self.weight_path) as ckpt:
+                self._set_checkpoint_biases(ckpt, logical)
+        self._map_slots(logical)
 
     @contextlib.contextmanager
     def _naming_bad_expert(self, ids: List[int], where: str):
