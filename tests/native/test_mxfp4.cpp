@@ -5,14 +5,20 @@
 // the E8M0 extremes exactly (one-hot rows), random codes against a double-precision reference (within an fp32 sum's bound plus the
 // int16 activations' rounding of the integer kernels)
 // and against generic (avx2 bit-identical: the same integer dots and fp32 operations), bits that depend neither
-// on the (b0, b1) split nor on M.
+// on the (b0, b1) split nor on M (amx: below its tile threshold; its tiles are held to the emulator's bits over
+// the decoded weights, which must be the exact values in kBF16's layout).
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "check.h"
+#include "kernels/amx/gemm_amx.h"
+#include "kernels/amx/prefill_rows.h"
+#include "kernels/amx/tile_ops_emulated.h"
 #include "kernels/pack.h"
 #include "kernels/pack_mxfp4.h"
+#include "packed_reference.h"
 #include "tests.h"
 
 namespace ktmoe_test {
@@ -219,7 +225,8 @@ void test_mxfp4_gemm_edges(const IsaKernels& isa) {
         }
     }
   CHECK(bad == 0, strf("gemm_mxfp4 [%s]: every code (±0, 0.5, ±6) x E8M0 0, 1, 100, 126, 127, 128, 254 exactly "
-                       "(one-hot rows, M = 256, 8, 1; bad %lld)", isa.name, (long long)bad));
+                       "(one-hot rows, M = 256, 8, 1; amx: its fallback for such scales; bad %lld)", isa.name,
+                       (long long)bad));
 }
 
 void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRole role, int64_t n, int64_t k,
@@ -259,14 +266,15 @@ void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
       const std::vector<float> c = run(isa, blob.get(), a.data(), lda, m, b, b + 1);
       for (int64_t r = 0; r < m; ++r) splits = splits && !std::memcmp(&c[size_t(r * 16)], &full[size_t(r * np + 16 * b)], 64);
     }
-    for (int64_t r = 0; r < m && m > 1; ++r)
+    const bool tiles = std::string(isa.name) == "amx" && m >= amx::prefill_min_rows();  // tdpbf16ps' own sums
+    for (int64_t r = 0; r < m && m > 1 && !tiles; ++r)
       rows_alone = rows_alone && !std::memcmp(run(isa, blob.get(), a.data() + r * lda, lda, 1, 0, nb).data(),
                                               &full[size_t(r * np)], size_t(np) * 4);
   }
   const bool must_match = std::string(isa.name) != "avx512" && std::string(isa.name) != "amx";  // vdpbf16ps' order
   CHECK(worst <= 1.0 && splits && rows_alone && (same || !must_match),
         strf("gemm_mxfp4 [%s] %s n=%lld k=%lld group=%d M={1,2,5,8,9,33}: max err/tol %.3f vs the dequantized "
-             "reference, block splits %s, rows alone %s, %s generic's bits", isa.name, role_name(role), (long long)n,
+             "reference, block splits %s, rows alone (below amx's tiles) %s, %s generic's bits", isa.name, role_name(role), (long long)n,
              (long long)k, h.group, worst, splits ? "bit-identical" : "DIFFER", rows_alone ? "bit-identical" : "DIFFER",
              same ? "=" : must_match ? "DIFFERS FROM" : "within tolerance of"));
 }
@@ -323,6 +331,116 @@ void test_mxfp4_gemm_activations(const IsaKernels& isa, const IsaKernels& generi
              zero_row ? "yes" : "NO", same ? "=" : must_match ? "DIFFERS FROM" : "within tolerance of"));
 }
 
+// A portable BlockDecoder for the emulator: every weight e2m1(q) * 2^(e - 127) to bf16 (exact), never refusing.
+bool scalar_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out) {
+  const int64_t kp = w->kp, ng = kp / w->group;
+  const uint8_t* q = packed_data(w) + block * int4a_block_data_bytes(kp);
+  for (int64_t j = 0; j < kp / 4; ++j)  // k-quad j: byte b = column b / 2, input 4j + b % 2 (+ 2: high nibble)
+    for (int b = 0; b < 32; ++b)
+      for (int t = 0; t < 2; ++t) {
+        const uint8_t e = packed_scales(w)[(block * ng + 4 * j / w->group) * kMxfp4ScaleRecordBytes + b / 2];
+        const float v = e2m1_to_float(uint8_t(t ? q[j * 32 + b] >> 4 : q[j * 32 + b] & 0xF)) * e8m0_to_float(e);
+        const uint16_t bf = uint16_t(f32_bits(v) >> 16);
+        out[(2 * j + t) * 64 + 2 * b] = uint8_t(bf), out[(2 * j + t) * 64 + 2 * b + 1] = uint8_t(bf >> 8);
+      }
+  return true;
+}
+
+// amx's kMXFP4 tiles (gemm_mxfp4_amx.cpp). A block decoded with its scales folded in is the kBF16 pair layout of
+// the exact weights (written out again from the codes and E8M0 bytes), by the portable decoder (every byte
+// 0..254: subnormals, Inf from 6 * 2^127) and, where the CPU runs AVX-512, by amx's, which refuses exactly the
+// blocks with a nonzero code under a byte outside [2, 252] (bytes 0..254, then 2..252: none refused). The tiles over decoded blocks (emulator) give the kBF16 tiles' bits over
+// a kBF16 matrix of the same values. Where the CPU has AMX, the amx table's gemm_mxfp4 gives, from 16 rows, the
+// emulator's bits, and avx512's on a block with a scale of 254 (its fallback).
+void test_mxfp4_amx_tiles(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, role, n, k, group);
+  const int64_t kp = h.kp, np = h.np, nb = np / 16, ng = kp / h.group;
+  const IsaKernels *tiles = nullptr, *vec512 = nullptr;  // the amx table, the avx512 one: where the CPU runs them
+  for (const Isa& isa : isas) {
+    if (std::string(isa.k->name) == "avx512") vec512 = isa.k;
+    if (std::string(isa.k->name) == "amx") tiles = isa.k;
+  }
+  AlignedBytes want(size_t(kp * 32), 0), got(size_t(kp * 32), 0), vec(size_t(kp * 32), 0);
+  bool scalar_ok = true, vec_ok = true;
+  for (const auto [e_lo, e_hi] : {std::pair{0, 254}, std::pair{2, 252}}) {
+    const Mxfp4Matrix all = random_mxfp4(h, e_lo, e_hi, rng);
+    const AlignedBytes ball = pack(h, all, 0);
+    const auto* hall = reinterpret_cast<const PackedMatrixHeader*>(ball.get());
+    for (int64_t b = 0; b < nb; ++b) {
+      bool extreme = false;  // a nonzero code under a scale byte outside [2, 252] in the block
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t dr = dense_of(h, 16 * b + j);
+        for (int64_t c = 0; dr >= 0 && c < k; ++c) {
+          const int e = all.e[size_t(dr * ng + c / h.group)];
+          extreme = extreme || ((e < 2 || e > 252) && (all.q[size_t(dr * k + c)] & 7) != 0);
+        }
+      }
+      for (int64_t p = 0; p < kp / 2; ++p)
+        for (int64_t j = 0; j < 16; ++j)
+          for (int64_t t = 0; t < 2; ++t) {
+            const int64_t dr = dense_of(h, 16 * b + j), c = 2 * p + t;
+            const double v = dr >= 0 && c < k ? ref_e2m1(all.q[size_t(dr * k + c)]) *
+                                                    std::ldexp(1.0, all.e[size_t(dr * ng + c / h.group)] - 127)
+                                              : 0.0;
+            const uint16_t bf = uint16_t(f32_bits(float(v)) >> 16);  // float(v) exact (or Inf)
+            want.get()[p * 64 + j * 4 + t * 2] = uint8_t(bf), want.get()[p * 64 + j * 4 + t * 2 + 1] = uint8_t(bf >> 8);
+          }
+      scalar_block_to_bf16(hall, b, got.get());
+      scalar_ok = scalar_ok && std::memcmp(got.get(), want.get(), size_t(kp * 32)) == 0;
+      if (vec512) {
+        const bool decoded = amx::mxfp4_block_to_bf16(hall, b, vec.get());
+        vec_ok = vec_ok && decoded == !extreme && (extreme || std::memcmp(vec.get(), want.get(), size_t(kp * 32)) == 0);
+      }
+    }
+  }
+  // The tiles: E8M0 in [96, 158] (sums far from fp32's ends, whose Inf / NaN bits the hardware may set apart from
+  // the emulator), a kBF16 matrix [n, kp] of the same values (zero past k); for the real tiles also one row of
+  // block 1 (where there is one), group 0, at 254.
+  Mxfp4Matrix d = random_mxfp4(h, 96, 158, rng);
+  const AlignedBytes bmx = pack(h, d, 0);
+  std::vector<float> dense(size_t(n * kp), 0.f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      dense[size_t(r * kp + c)] = float(ref_e2m1(d.q[size_t(r * k + c)]) * std::ldexp(1.0, d.e[size_t(r * ng + c / h.group)] - 127));
+  const AlignedBytes bbf = ktmoe_test::pack(packed_matrix_header(WeightFormat::kBF16, role, n, kp, 0), dense);
+  const auto* hmx = reinterpret_cast<const PackedMatrixHeader*>(bmx.get());
+  const auto* hbf = reinterpret_cast<const PackedMatrixHeader*>(bbf.get());
+  Mxfp4Matrix edge = d;
+  edge.rows.clear(), edge.erows.clear();
+  for (int64_t r = 0; r < h.n; ++r) edge.rows.push_back(edge.q.data() + r * k), edge.erows.push_back(edge.e.data() + r * ng);
+  const int64_t edge_row = nb > 1 ? dense_of(h, 16 + 3) : -1;
+  if (edge_row >= 0) edge.e[size_t(edge_row * ng)] = 254;
+  const AlignedBytes bedge = pack(h, edge, 0);
+  const auto* hedge = reinterpret_cast<const PackedMatrixHeader*>(bedge.get());
+  bool emu_ok = true, real_ok = true;
+  const int64_t lda = kp + 16, ldc = np + 3;
+  for (int64_t m : {16, 17, 33}) {
+    std::vector<uint16_t> a(size_t(m * lda), 0);
+    for (int64_t i = 0; i < m * k; ++i) a[size_t(i / k * lda + i % k)] = ref_bf16(float(rng.gauss()));
+    std::vector<float> c_mx(size_t(m * ldc), 0.f), c_bf(size_t(m * ldc), 0.f), c_real(size_t(m * ldc), 0.f);
+    amx::gemm_bf16_tiles<amx::EmulatedTileOps>(hmx, a.data(), lda, m, 0, nb, c_mx.data(), ldc, scalar_block_to_bf16);
+    amx::gemm_bf16_tiles<amx::EmulatedTileOps>(hbf, a.data(), lda, m, 0, nb, c_bf.data(), ldc);
+    emu_ok = emu_ok && std::memcmp(c_mx.data(), c_bf.data(), c_mx.size() * 4) == 0;
+    if (tiles && vec512 && m >= amx::prefill_min_rows()) {
+      tiles->gemm_mxfp4(hmx, a.data(), lda, m, 0, nb, c_real.data(), ldc);
+      real_ok = real_ok && std::memcmp(c_real.data(), c_mx.data(), c_mx.size() * 4) == 0;
+      tiles->gemm_mxfp4(hedge, a.data(), lda, m, 0, nb, c_real.data(), ldc);  // block 1 by avx512
+      std::vector<float> c_512(size_t(m * 16), 0.f);
+      if (nb > 1) vec512->gemm_mxfp4(hedge, a.data(), lda, m, 1, 2, c_512.data(), 16);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t col = 0; col < np; ++col)
+          real_ok = real_ok && f32_bits(c_real[size_t(r * ldc + col)]) ==
+                                   f32_bits(nb > 1 && col / 16 == 1 ? c_512[size_t(r * 16 + col - 16)] : c_mx[size_t(r * ldc + col)]);
+    }
+  }
+  CHECK(scalar_ok && vec_ok && emu_ok && real_ok,
+        strf("amx mxfp4 %s n=%lld k=%lld group=%d: decoded blocks = the exact weights' kBF16 layout (E8M0 0..254) by "
+             "the portable decoder %s, by amx's AVX-512 decoder %s; emulated tiles over them = kBF16 tiles' bits %s; "
+             "amx table on this CPU = emulator's bits %s", role_name(role), (long long)n, (long long)k, h.group,
+             scalar_ok ? "yes" : "NO", vec512 ? (vec_ok ? "yes" : "NO") : "(no AVX-512 here)", emu_ok ? "yes" : "NO",
+             tiles ? (real_ok ? "yes" : "NO") : "(no AMX here)"));
+}
+
 }  // namespace
 
 void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
@@ -339,6 +457,7 @@ void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
     test_mxfp4_gemm_activations(*isa.k, *isas.front().k, rng);
     for (const auto& [role, n, k, group] : shapes) test_mxfp4_gemm(*isa.k, *isas.front().k, role, n, k, group, rng);
   }
+  for (const auto& [role, n, k, group] : shapes) test_mxfp4_amx_tiles(isas, role, n, k, group, rng);
 }
 
 }  // namespace ktmoe_test

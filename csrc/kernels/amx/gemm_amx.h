@@ -1,4 +1,5 @@
-// [NOTE] The amx gemms (kBF16, kINT8, kINT4) as one template over a TileOps policy: the
+// [NOTE] The amx gemms (kBF16, kINT8, kINT4, and kBF16 tiles over weights another format
+// decodes to bf16, e.g. kMXFP4) as one template over a TileOps policy: the
 // real instructions (tile_ops_native.h, in gemm_bf16_amx.cpp / gemm_int_amx.cpp) or the
 // emulator (tile_ops_emulated.h, in tests/native), so the same indexing and tails run
 // everywhere. Plain C++ besides the tile calls (and a GCC vector shuffle); no intrinsics.
@@ -9,8 +10,9 @@
 // Loop nest (tile layout in tile_config.h):
 //   for each pair of packed blocks (the last alone when b1 - b0 is odd):
 //     prepare the pair's B source (kINT4: unpack the codes to u8 k-quads, kp/4 rows of
-//     64 bytes per block, L2-resident, reused by every row pair; kINT8 with kp % 64 = 32:
-//     the last half step copied into a zero-padded B tile)
+//     64 bytes per block; a decoded format: its BlockDecoder writes the block as kBF16
+//     k-pair rows, kp/2 rows of 64 bytes; both L2-resident, reused by every row pair;
+//     kINT8 with kp % 64 = 32: the last half step copied into a zero-padded B tile)
 //     for each pair of 16-row groups (the last alone, rows past m zero):
 //       for each group G of steps (kBF16 / kINT8: one group, all of kp):
 //         zero C; per step: load A[i], B[j], C[i][j] += A[i]·B[j]; store C to a 2 KiB..4 KiB
@@ -45,6 +47,18 @@ namespace amx {
 
 enum class TileFormat { kBF16, kINT8, kINT4 };
 
+// Writes packed block `block` of w as the kBF16 layout: kp/2 k-pair rows of 16 columns x 2
+// bf16, 64 bytes each, to out (64-byte aligned), and returns true; or returns false where a
+// weight of the block is not a normal bf16 (or zero), i.e. tiles would not compute the format's
+// value (AMX reads subnormals as 0; an overflow to Inf would make 0 * Inf = NaN). Such a block
+// runs the format's fallback gemm (bf16 rows, IsaKernels' signature) for the call's rows.
+using BlockDecoder = bool (*)(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
+using BlockFallback = void (*)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                               int64_t b1, float* c, int64_t ldc);
+// kMXFP4's (gemm_mxfp4_amx.cpp: AVX-512 BW, no tile instructions): false for a block with a
+// nonzero code under an E8M0 scale outside [2, 252].
+bool mxfp4_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
+
 // Everything one call needs; built by the entry points below.
 struct TileGemmArgs {
   TileFormat fmt;
@@ -57,6 +71,8 @@ struct TileGemmArgs {
   const float* sx = nullptr;      // kINT8 / kINT4: row scales [m]
   const int32_t* gsum = nullptr;  // and group sums [m, gsum_ld]
   int64_t gsum_ld = 0;
+  BlockDecoder decode = nullptr;  // kBF16 only: w's blocks decoded to bf16 (w->format is not kBF16)
+  BlockFallback fallback = nullptr;  // and the blocks decode refuses
 };
 
 template <class T>
@@ -118,24 +134,29 @@ struct TileGemm {
     k.group_steps = f == TileFormat::kINT4 ? x.w->group / 32 : k.steps;
     k.ngroups = k.steps / k.group_steps;
     k.data = packed_data(x.w);
-    k.bstride = block_data_bytes(f == TileFormat::kBF16   ? WeightFormat::kBF16
-                                 : f == TileFormat::kINT8 ? WeightFormat::kINT8
-                                                          : WeightFormat::kINT4,
-                                 k.kp);
+    k.bstride = block_data_bytes(WeightFormat(x.w->format), k.kp);
     stage_activations(k);
     static thread_local TileBuffer unpacked, tail;
-    uint8_t* ub = f == TileFormat::kINT4 ? unpacked.get(size_t(2 * k.kp * 16)) : nullptr;
+    const int64_t ub_block = f == TileFormat::kINT4 ? k.kp * 16 : x.decode ? k.kp * 32 : 0;  // bytes per block
+    uint8_t* ub = ub_block ? unpacked.get(size_t(2 * ub_block)) : nullptr;
     uint8_t* tb = k.full_steps < k.steps ? tail.get(2 * kBStepBytes) : nullptr;
 
     T::configure(gemm_tile_config(a_step(f), b_rows(f)));
     for (int64_t b = x.b0; b < x.b1; b += 2) {
-      const int nb = x.b1 - b >= 2 ? 2 : 1;
+      int nb = x.b1 - b >= 2 ? 2 : 1;
+      int64_t first = b;  // the pair's first block on tiles
       for (int j = 0; j < nb; ++j) {
         const uint8_t* blk = k.data + (b + j) * k.bstride;
         k.bsrc[j] = blk;
-        if (ub) {  // kINT4: the block's codes as u8 k-quads
-          uint8_t* u = ub + j * k.kp * 16;
-          unpack_int4(blk, k.kp, u);
+        if (x.decode && !x.decode(x.w, b + j, ub + j * ub_block)) {  // this block by the fallback
+          x.fallback(x.w, reinterpret_cast<const uint16_t*>(x.a), x.lda_bytes / 2, x.m, b + j, b + j + 1,
+                     x.c + (b + j - x.b0) * 16, x.ldc);
+          k.bsrc[j] = nullptr;
+          continue;
+        }
+        if (ub) {  // kINT4: the block's codes as u8 k-quads; a decoded format: its bf16
+          uint8_t* u = ub + j * ub_block;
+          if (!x.decode) unpack_int4(blk, k.kp, u);
           k.bsrc[j] = u;
         }
         if (tb) {  // kINT8, kp % 64 = 32: the last 8 k-quads, then 8 zero rows
@@ -145,12 +166,17 @@ struct TileGemm {
           k.btail[j] = t;
         }
       }
-      for (int64_t r0 = 0; r0 < k.mp; r0 += 32) {
+      if (x.decode) {  // blocks left to the fallback are not on tiles
+        const bool on0 = k.bsrc[0] != nullptr, on1 = nb == 2 && k.bsrc[1] != nullptr;
+        if (!on0 && on1) k.bsrc[0] = k.bsrc[1], first = b + 1;
+        nb = int(on0) + int(on1);
+      }
+      for (int64_t r0 = 0; r0 < k.mp && nb > 0; r0 += 32) {
         const bool two_rows = k.mp - r0 >= 32;
         if (nb == 2)
-          two_rows ? macro_tile<2, 2>(k, r0, b) : macro_tile<1, 2>(k, r0, b);
+          two_rows ? macro_tile<2, 2>(k, r0, first) : macro_tile<1, 2>(k, r0, first);
         else
-          two_rows ? macro_tile<2, 1>(k, r0, b) : macro_tile<1, 1>(k, r0, b);
+          two_rows ? macro_tile<2, 1>(k, r0, first) : macro_tile<1, 1>(k, r0, first);
       }
     }
     T::release();
@@ -314,11 +340,13 @@ struct TileGemm {
 };
 
 // Shape comments: w [np, kp] packed; a [m, lda] (bf16 or int8); c [m, ldc] fp32, columns
-// 0 .. 16*(b1-b0) written.
+// 0 .. 16*(b1-b0) written. gemm_bf16_tiles: w is kBF16, or any format with its decode.
 template <class T>
 void gemm_bf16_tiles(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-                     int64_t b1, float* c, int64_t ldc) {
+                     int64_t b1, float* c, int64_t ldc, BlockDecoder decode = nullptr,
+                     BlockFallback fallback = nullptr) {
   TileGemmArgs x{TileFormat::kBF16, w, reinterpret_cast<const uint8_t*>(a), lda * 2, m, b0, b1, c, ldc};
+  x.decode = decode, x.fallback = fallback;
   TileGemm<T>::run(x);
 }
 
