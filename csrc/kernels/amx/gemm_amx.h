@@ -242,7 +242,7 @@ struct TileGemm {
     const TileFormat f = k.x.fmt;
     const int64_t astep = f == TileFormat::kBF16 ? 64 : a_step(f);
     const int64_t bstep = f == TileFormat::kINT4 ? 8 * 64 : kBStepBytes;
-    alignas(64) uint8_t cbuf[32 * 32 * 4];  // C as stored: [16*NS rows][16*NB] 4-byte values
+    alignas(64) int32_t cbuf[32 * 32];      // C as stored: [16*NS rows][32] 4-byte values
     alignas(64) float facc[32 * 32];        // kINT4: the fp32 sum over groups
     int64_t as0 = 0, as1 = 0;
     const uint8_t* a0 = a_rows(k, r0, &as0);
@@ -293,7 +293,8 @@ struct TileGemm {
 
   // C[i][j] -> cbuf rows 16i.., columns 16j.. (row stride 128 bytes).
   template <int NS, int NB>
-  static void store_c(uint8_t* cbuf) {
+  static void store_c(int32_t* cbuf_words) {
+    uint8_t* cbuf = reinterpret_cast<uint8_t*>(cbuf_words);
     T::template store<tile_c(0, 0)>(cbuf, 128);
     if constexpr (NB == 2) T::template store<tile_c(0, 1)>(cbuf + 64, 128);
     if constexpr (NS == 2) T::template store<tile_c(1, 0)>(cbuf + 16 * 128, 128);
@@ -307,34 +308,44 @@ struct TileGemm {
     return f;
   }
 
+  // One row's 16*NB columns of every format, written as loops over whole columns (vectorized in
+  // the amx objects: the int32 offset, the conversion, one multiply or fma per 16 columns).
   template <int NS, int NB>
-  static void epilogue(const Ctx& k, const uint8_t* cbuf, float* facc, int64_t r0, int64_t b, int64_t G) {
+  static void epilogue(const Ctx& k, const int32_t* cbuf, float* facc, int64_t r0, int64_t b, int64_t G) {
+    constexpr int kCols = 16 * NB;
     const TileGemmArgs& x = k.x;
     const int64_t rows = std::min<int64_t>(16 * NS, x.m - r0);
     const bool last = G + 1 == k.ngroups;
+    if (x.fmt == TileFormat::kBF16) {
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(x.c + (r0 + r) * x.ldc + (b - x.b0) * 16, cbuf + r * 32, kCols * 4);
+      return;
+    }
+    alignas(64) float s[kCols];  // kINT8: s[n]; kINT4: d[n, G]
+    for (int j = 0; j < NB; ++j)
+      for (int col = 0; col < 16; ++col)
+        s[16 * j + col] = x.fmt == TileFormat::kINT8
+                              ? reinterpret_cast<const float*>(packed_scales(x.w))[16 * (b + j) + col]
+                              : bf16_to_f32(packed_scales(x.w) + ((b + j) * k.ngroups + G) * kInt4ScaleBytes + col * 2);
     for (int64_t r = 0; r < rows; ++r) {
-      float* out = x.c + (r0 + r) * x.ldc + (b - x.b0) * 16;
-      const uint8_t* crow = cbuf + r * 128;
-      for (int64_t col = 0; col < 16 * NB; ++col) {
-        const int64_t n = 16 * b + col;  // packed output column
-        if (x.fmt == TileFormat::kBF16) {
-          std::memcpy(out + col, crow + 4 * col, 4);
-          continue;
-        }
-        int32_t acc;
-        std::memcpy(&acc, crow + 4 * col, 4);
-        const int64_t gs = x.gsum[(r0 + r) * x.gsum_ld + G];
-        if (x.fmt == TileFormat::kINT8) {
-          const float s = reinterpret_cast<const float*>(packed_scales(x.w))[n];
-          out[col] = (x.sx[r0 + r] * s) * static_cast<float>(int64_t(acc) - 128 * gs);
-        } else {
-          const float d =
-              bf16_to_f32(packed_scales(x.w) + ((b + col / 16) * k.ngroups + G) * kInt4ScaleBytes + (col % 16) * 2);
-          float& f = facc[r * 32 + col];
-          f = std::fma(d, static_cast<float>(int64_t(acc) - kInt4Offset * gs), G == 0 ? 0.f : f);
-          if (last) out[col] = x.sx[r0 + r] * f;
-        }
+      float* __restrict out = x.c + (r0 + r) * x.ldc + (b - x.b0) * 16;
+      const int32_t* __restrict acc = cbuf + r * 32;
+      const int32_t gs = x.gsum[(r0 + r) * x.gsum_ld + G];
+      const float sx = x.sx[r0 + r];
+      if (x.fmt == TileFormat::kINT8) {  // c = (sx[r] * s[n]) * float(C - 128 * gsum[r])
+        const int32_t off = 128 * gs;
+        for (int col = 0; col < kCols; ++col) out[col] = (sx * s[col]) * static_cast<float>(acc[col] - off);
+        continue;
       }
+      // kINT4: f = fma(d[n, G], float(C_G - 64 * gsum[r, G]), f), c = sx[r] * f after the last group
+      float* __restrict f = facc + r * 32;
+      const int32_t off = kInt4Offset * gs;
+      if (G == 0)
+        for (int col = 0; col < kCols; ++col) f[col] = std::fma(s[col], static_cast<float>(acc[col] - off), 0.f);
+      else
+        for (int col = 0; col < kCols; ++col) f[col] = std::fma(s[col], static_cast<float>(acc[col] - off), f[col]);
+      if (last)
+        for (int col = 0; col < kCols; ++col) out[col] = sx * f[col];
     }
   }
 };

@@ -6,11 +6,12 @@
 // (row, group), and a group of 32 is half of an int8 tile step (64 k), so the tiles would need int4's half
 // steps and an epilogue per group through the C buffer.
 // kINT4 runs avx512's kernel whatever m: its tile version (codes unpacked per block to u = kInt4U8[q] in the
-// k-quad layout, one 8-row B tile per 32-k group) took 63 / 153 ms at T = 256 / 512 on the reference layer
-// against avx512's 9.1 / 15.9 ms on a 16-core Xeon with AMX (2026-12-04,
-// benchmarks/measured/device_amx_2026-12-04.log): every 32-k step ends in the scalar per-group epilogue over
-// the C tiles, which costs far more than the tile dots. The tile code stays (gemm_int_tiles<TileFormat::kINT4>,
-// tested on the emulator) for a vectorized epilogue.
+// k-quad layout, one 8-row B tile per 32-k group) ends every 32-k step in the per-group epilogue over the C tiles
+// (a tile store and a pass over 16 x 16 values per group). With that epilogue scalar it took 63 / 153 ms at
+// T = 256 / 512 on the reference layer against avx512's 9.1 / 15.9 ms on a 16-core Xeon with AMX (2026-12-04,
+// benchmarks/measured/device_amx_2026-12-04.log); vectorized, 86.8 ms against avx512's 79.7 at T = 512 on 2 Xeon
+// threads (2026-12-06, `bench_amx --tokens 512 --formats int4`): still slower. The tile code stays
+// (gemm_int_tiles<TileFormat::kINT4>, tested on the emulator and, where the CPU has AMX, on tiles).
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
