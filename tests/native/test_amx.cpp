@@ -181,7 +181,7 @@ void test_amx_emulator(Rng& rng) {
   CHECK(shape_err && unconfigured && bad_shape,
         "amx emulator: shapes that do not chain, a tile without configuration and a 17-row tile throw");
 
-  bool parse = amx::parse_prefill_min_rows(nullptr) == 16 && amx::parse_prefill_min_rows("40") == 40;
+  bool parse = amx::parse_prefill_min_rows(nullptr) == amx::kDefaultPrefillMinRows && amx::parse_prefill_min_rows("40") == 40;
   for (const char* bad : {"0", "-3", "16x", "x"}) {
     try {
       amx::parse_prefill_min_rows(bad);
@@ -190,7 +190,7 @@ void test_amx_emulator(Rng& rng) {
       parse = parse && std::string(e.what()).find("KTMOE_AMX_MIN_ROWS") != std::string::npos;
     }
   }
-  CHECK(parse, "amx: KTMOE_AMX_MIN_ROWS defaults to 16, reads an integer >= 1, names itself on bad input");
+  CHECK(parse, "amx: KTMOE_AMX_MIN_ROWS defaults to kDefaultPrefillMinRows, reads an integer >= 1, names itself on bad input");
 }
 
 void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role, int64_t n, int64_t k,

@@ -350,7 +350,7 @@ bool scalar_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* o
 // the exact weights (written out again from the codes and E8M0 bytes), by the portable decoder (every byte
 // 0..254: subnormals, Inf from 6 * 2^127) and, where the CPU runs AVX-512, by amx's, which refuses exactly the
 // blocks with a nonzero code under a byte outside [2, 252] (bytes 0..254, then 2..252: none refused). The tiles over decoded blocks (emulator) give the kBF16 tiles' bits over
-// a kBF16 matrix of the same values. Where the CPU has AMX, the amx table's gemm_mxfp4 gives, from 16 rows, the
+// a kBF16 matrix of the same values. Where the CPU has AMX, the amx table's gemm_mxfp4 gives, from prefill_min_rows() rows, the
 // emulator's bits, and avx512's on a block with a scale of 254 (its fallback).
 void test_mxfp4_amx_tiles(const std::vector<Isa>& isas, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
   const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kMXFP4, role, n, k, group);

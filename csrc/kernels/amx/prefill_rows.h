@@ -1,6 +1,10 @@
-// [NOTE] When the amx table runs a gemm on tiles: m >= prefill_min_rows() rows (default 16,
-// one full A tile); fewer rows (decode) stay on the avx512 kernels. KTMOE_AMX_MIN_ROWS=n
-// overrides it (benchmarking the crossover); read once, when the amx table is first built.
+// [NOTE] When the amx table runs a gemm on tiles: m >= prefill_min_rows() rows (default 4; the
+// A tiles' rows past m are zero); fewer rows (decode) stay on the avx512 kernels. Measured on 2
+// Xeon threads (docs/isa.md): 4 against 16 ran the reference layer at T = 64 / 128 / 256 in mxfp4
+// 1.16 / 1.75 / 2.98x avx512 instead of 0.99 / 0.99 / 1.69x, bf16 1.11 / 1.48 / 2.14x instead of
+// 0.99 / 1.00 / 1.48x, and no T from 1 to 32 slower; 2 and 1 made mxfp4 at T = 8-32 0.54-0.90x.
+// KTMOE_AMX_MIN_ROWS=n overrides it (benchmarking the crossover); read once, when the amx table is
+// first built.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -10,7 +14,7 @@
 namespace ktmoe {
 namespace amx {
 
-constexpr int64_t kDefaultPrefillMinRows = 16;
+constexpr int64_t kDefaultPrefillMinRows = 4;
 
 // Throws std::invalid_argument naming the variable for a value that is not an integer >= 1.
 inline int64_t parse_prefill_min_rows(const char* text) {
