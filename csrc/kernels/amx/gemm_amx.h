@@ -143,33 +143,26 @@ struct TileGemm {
 
     T::configure(gemm_tile_config(a_step(f), b_rows(f)));
     for (int64_t b = x.b0; b < x.b1; b += 2) {
-      int nb = x.b1 - b >= 2 ? 2 : 1;
-      int64_t first = b;  // the pair's first block on tiles
-      for (int j = 0; j < nb; ++j) {
-        const uint8_t* blk = k.data + (b + j) * k.bstride;
-        k.bsrc[j] = blk;
-        if (x.decode && !x.decode(x.w, b + j, ub + j * ub_block)) {  // this block by the fallback
-          x.fallback(x.w, reinterpret_cast<const uint16_t*>(x.a), x.lda_bytes / 2, x.m, b + j, b + j + 1,
-                     x.c + (b + j - x.b0) * 16, x.ldc);
-          k.bsrc[j] = nullptr;
+      int nb = 0;         // blocks of the pair on tiles (a decoded format's refused ones go to its fallback)
+      int64_t first = b;  // the first of them; with two, they are b and b + 1
+      for (int64_t blk_no = b; blk_no < std::min(b + 2, x.b1); ++blk_no) {
+        const uint8_t* blk = k.data + blk_no * k.bstride;
+        uint8_t* u = ub ? ub + nb * ub_block : nullptr;  // kINT4: the codes as u8 k-quads; decoded: bf16
+        if (x.decode && !x.decode(x.w, blk_no, u)) {
+          x.fallback(x.w, reinterpret_cast<const uint16_t*>(x.a), x.lda_bytes / 2, x.m, blk_no, blk_no + 1,
+                     x.c + (blk_no - x.b0) * 16, x.ldc);
           continue;
         }
-        if (ub) {  // kINT4: the block's codes as u8 k-quads; a decoded format: its bf16
-          uint8_t* u = ub + j * ub_block;
-          if (!x.decode) unpack_int4(blk, k.kp, u);
-          k.bsrc[j] = u;
-        }
+        if (nb == 0) first = blk_no;
+        if (u && !x.decode) unpack_int4(blk, k.kp, u);
+        k.bsrc[nb] = u ? u : blk;
         if (tb) {  // kINT8, kp % 64 = 32: the last 8 k-quads, then 8 zero rows
-          uint8_t* t = tb + j * kBStepBytes;
+          uint8_t* t = tb + nb * kBStepBytes;
           std::memcpy(t, blk + k.full_steps * kBStepBytes, kBStepBytes / 2);
           std::memset(t + kBStepBytes / 2, 0, kBStepBytes / 2);
-          k.btail[j] = t;
+          k.btail[nb] = t;
         }
-      }
-      if (x.decode) {  // blocks left to the fallback are not on tiles
-        const bool on0 = k.bsrc[0] != nullptr, on1 = nb == 2 && k.bsrc[1] != nullptr;
-        if (!on0 && on1) k.bsrc[0] = k.bsrc[1], first = b + 1;
-        nb = int(on0) + int(on1);
+        ++nb;
       }
       for (int64_t r0 = 0; r0 < k.mp && nb > 0; r0 += 32) {
         const bool two_rows = k.mp - r0 >= 32;

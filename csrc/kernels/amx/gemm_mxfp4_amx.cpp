@@ -10,8 +10,9 @@
 // the exponent of every nonzero word (vpaddw under a vptestmw mask): exact and normal while
 // e is in [2, 252]. A block with a nonzero code under a scale outside that (a weight that
 // would be a bf16 subnormal, which AMX reads as 0, or overflow to Inf, and 0 * Inf = NaN) runs
-// avx512's kernel for the call's rows (padded rows have e = 0 and zero codes: they stay on tiles). Bits: tdpbf16ps's sums (tile_ops_emulated.h) over the decoded weights, i.e.
-// amx gemm_bf16's bits for the kBF16 matrix of the same values; they differ from avx512's
+// avx512's kernel for the call's rows (padded rows have e = 0 and zero codes: they stay on
+// tiles). Bits: tdpbf16ps's sums (tile_ops_emulated.h) over the decoded weights, i.e. amx
+// gemm_bf16's bits for the kBF16 matrix of the same values; they differ from avx512's
 // per-group fp32 sums within the fp32 sum's bound, and depend neither on (b0, b1) nor on the
 // block pairing (each block is on tiles or not by its own scales).
 #include <immintrin.h>
