@@ -1,5 +1,6 @@
-// [NOTE] Microbenchmark of the avx512 decode tiles of fp8 and int4_affine
-// (gemm_decoded_avx512.h): variants timed alternately in one process, cold and hot.
+// [NOTE] Microbenchmark of the avx512 decode tiles of fp8, int4_affine (gemm_decoded_avx512.h)
+// and mxfp4 (those tiles with bf16 dots, and gemm_mxfp4_int16_avx512.cpp's int16 dots): variants
+// timed alternately in one process, cold and hot.
 //
 // Build and run (from the repository root; flags = csrc/isa_flags.json's avx512 row):
 //   $(python -m benchmarks.micro.build fp8_decode_micro) [rounds=15] [threads=1]
@@ -13,10 +14,12 @@
 // k-quad layout (64 bytes per 4 consecutive k of a block, byte (n%16)*4 + k%4: one
 // load, vpsraw / vpsllw + vpternlogd, 5 ops per 64 weights instead of 6 plus two more
 // loads; the activations permuted per quad), with and without its subnormal test (the
-// test's cost bound; "wrong" for e = 0 bytes).
+// test's cost bound; "wrong" for e = 0 bytes); mxfp4 (the int4_affine nibbles with E8M0
+// bytes 117..137, group 32) by avx512's bf16 decode and by the int16 kernel amx runs for
+// decode rows, with and without a prefetch.
 //
 // Working set: E = 64 experts of the reference shape (gate_up 1536 x 2048, down
-// 2048 x 768, group 128; fp8 4.7 MB an expert, 300 MB in all, >> the 32 MiB L3), in
+// 2048 x 768, group 128 (mxfp4 32); fp8 4.7 MB an expert, 300 MB in all, >> the 32 MiB L3), in
 // each layout. Cold: rounds of 8 forwards that walk all 64 experts (every variant
 // reads weights the others evicted), gate_up then down in the driver's decode items
 // (about 256 KiB, a multiple of 4 blocks), taken by the threads from a shared counter.
@@ -43,6 +46,8 @@
 // The library's avx512 decoders themselves (their anonymous-namespace structs become this file's).
 #include "kernels/avx512/gemm_fp8_avx512.cpp"
 #include "kernels/avx512/gemm_int4_affine_avx512.cpp"
+#include "kernels/avx512/gemm_mxfp4_avx512.cpp"
+#include "kernels/avx512/gemm_mxfp4_int16_avx512.cpp"
 
 using namespace ktmoe;
 using namespace decode_micro;
@@ -122,7 +127,7 @@ struct QuadDec {
 
 // a: bf16 rows; quad: permute every 4 k to (0 2 1 3) first (a thread-local copy).
 inline const uint16_t* quad_activations(const uint16_t* a, int64_t lda, int64_t m, int64_t kp, int64_t* ld_out) {
-  static thread_local decoded::Scratch buf;
+  static thread_local Scratch buf;
   const int64_t ld = kp + 32;
   uint16_t* out = reinterpret_cast<uint16_t*>(buf.at_least(size_t(m * ld) * 2));
   alignas(64) static const uint16_t idx[32] = {0,  2,  1,  3,  4,  6,  5,  7,  8,  10, 9,  11, 12, 14, 13, 15,
@@ -159,7 +164,7 @@ template <int64_t kAhead>
 void int4a_ahead(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
                  float* c, int64_t ldc) {
   const int64_t kp = w->kp, group = w->group, ngroups = kp / group;
-  static thread_local decoded::Scratch xbuf;
+  static thread_local Scratch xbuf;
   float* xs = reinterpret_cast<float*>(xbuf.at_least(size_t(m * ngroups) * 4));
   row_group_sums(a, lda, m, group, ngroups, xs);
   const decoded::Ctx x{packed_data(w), int4a_block_data_bytes(kp), ngroups, group / 2, xs, w->np / 16};
@@ -198,7 +203,9 @@ using GemmFn = void (*)(const PackedMatrixHeader*, const uint16_t*, int64_t, int
                         int64_t);
 
 // Weight layouts of the variants.
-enum Layout { kPair = 0, kQuad = 1, kInt4A = 2 };
+enum Layout { kPair = 0, kQuad = 1, kInt4A = 2, kMx = 3 };
+constexpr int kLayouts = 4;
+inline bool nibbles(int l) { return l == kInt4A || l == kMx; }
 
 struct Variant {
   const char* name;
@@ -210,20 +217,22 @@ struct Variant {
 PackedMatrixHeader header(Layout layout, MatrixRole role, int64_t n, int64_t k) {
   PackedMatrixHeader h{};
   h.magic = kPackedMagic, h.version = kPackedVersion;
-  h.format = uint8_t(layout == kInt4A ? WeightFormat::kINT4A : WeightFormat::kFP8);
+  h.format = uint8_t(layout == kInt4A ? WeightFormat::kINT4A : layout == kMx ? WeightFormat::kMXFP4 : WeightFormat::kFP8);
   h.role = uint8_t(role), h.n = int32_t(n), h.k = int32_t(k), h.np = int32_t(n), h.kp = int32_t(k);
-  h.group = 128, h.data_offset = 64;
-  h.scale_offset = 64 + (layout == kInt4A ? n * k / 2 : n * k);
-  h.total_bytes = h.scale_offset + (layout == kInt4A ? int4a_scale_bytes(n, k, 128) : fp8_scale_bytes(n, k, 128));
+  h.group = layout == kMx ? 32 : 128, h.data_offset = 64;
+  h.scale_offset = 64 + (nibbles(layout) ? n * k / 2 : n * k);
+  h.total_bytes = h.scale_offset + (layout == kInt4A ? int4a_scale_bytes(n, k, 128)
+                                    : layout == kMx  ? n * k / 32  // 16 E8M0 bytes per block and group of 32
+                                                     : fp8_scale_bytes(n, k, 128));
   return h;
 }
 
 // E experts x (gate_up, down) in each layout: fp8 pair and quad hold the same bytes.
 struct Weights {
   int64_t E;
-  PackedMatrixHeader hgu[3], hdn[3];
-  uint8_t* buf[3];
-  int64_t expert_bytes[3];
+  PackedMatrixHeader hgu[kLayouts], hdn[kLayouts];
+  uint8_t* buf[kLayouts];
+  int64_t expert_bytes[kLayouts];
   const PackedMatrixHeader* gu(Layout l, int64_t e) const {
     return reinterpret_cast<const PackedMatrixHeader*>(buf[l] + e * expert_bytes[l]);
   }
@@ -232,11 +241,12 @@ struct Weights {
   }
 };
 
-// One matrix in the three layouts: e4m3 bytes from pool (pair, and the same bytes as
-// k-quads), random nibbles; fp32 scales in [0.5, 1) * 1e-3, int4_affine zero points 8.
+// One matrix in the four layouts: e4m3 bytes from pool (pair, and the same bytes as
+// k-quads), random nibbles (int4_affine and mxfp4 the same); fp32 scales in [0.5, 1) * 1e-3,
+// int4_affine zero points 8; mxfp4 E8M0 bytes 117..137, a scale per 32 inputs.
 void fill_matrix(const Weights& W, bool down, int64_t e, const std::vector<uint8_t>& pool, std::mt19937_64& rng) {
-  uint8_t* m[3];
-  for (int l = 0; l < 3; ++l) {
+  uint8_t* m[kLayouts];
+  for (int l = 0; l < kLayouts; ++l) {
     const PackedMatrixHeader& h = down ? W.hdn[l] : W.hgu[l];
     m[l] = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(down ? W.dn(Layout(l), e) : W.gu(Layout(l), e)));
     std::memcpy(m[l], &h, 64);
@@ -251,6 +261,9 @@ void fill_matrix(const Weights& W, bool down, int64_t e, const std::vector<uint8
       for (int64_t n = 0; n < 16; ++n) dst[(k / 4) * 64 + n * 4 + k % 4] = src[(k / 2) * 32 + n * 2 + k % 2];
   }
   for (int64_t i = 0; i < data / 2; ++i) m[kInt4A][64 + i] = uint8_t(rng());
+  std::memcpy(m[kMx] + 64, m[kInt4A] + 64, size_t(data / 2));
+  const PackedMatrixHeader& hm = down ? W.hdn[kMx] : W.hgu[kMx];
+  for (int64_t i = 0; i < data / 32; ++i) m[kMx][hm.scale_offset + i] = uint8_t(117 + rng() % 21);  // E8M0 117..137
   std::uniform_real_distribution<float> u(0.5f, 1.0f);
   float* s = reinterpret_cast<float*>(m[kPair] + h.scale_offset);
   const int64_t ns = fp8_scale_bytes(h.np, h.kp, h.group) / 4;
@@ -270,7 +283,7 @@ void fill_matrix(const Weights& W, bool down, int64_t e, const std::vector<uint8
 Weights make_weights(int64_t E) {
   Weights W;
   W.E = E;
-  for (int l = 0; l < 3; ++l) {
+  for (int l = 0; l < kLayouts; ++l) {
     W.hgu[l] = header(Layout(l), MatrixRole::kGateUp, 1536, 2048);
     W.hdn[l] = header(Layout(l), MatrixRole::kDown, 2048, 768);
     W.expert_bytes[l] = W.hgu[l].total_bytes + W.hdn[l].total_bytes;
@@ -297,7 +310,7 @@ std::vector<Item> items(const Weights& W, Layout l, const std::vector<int64_t>& 
   std::vector<Item> out;
   for (int64_t e : es) {
     const PackedMatrixHeader* h = down ? W.dn(l, e) : W.gu(l, e);
-    const int64_t nblocks = h->np / 16, nb = std::max<int64_t>(4, bytes / (h->kp * 16 * (l == kInt4A ? 1 : 2) / 2) / 4 * 4);
+    const int64_t nblocks = h->np / 16, nb = std::max<int64_t>(4, bytes / (h->kp * 16 * (nibbles(l) ? 1 : 2) / 2) / 4 * 4);
     for (int64_t b = 0; b < nblocks; b += nb) out.push_back({h, b, std::min(b + nb, nblocks)});
   }
   return out;
@@ -341,8 +354,10 @@ void check(const Weights& W, const std::vector<Variant>& vs, const uint16_t* x, 
            int64_t ldh) {
   for (const auto& v : vs) {
     if (std::strstr(v.name, "READ") || std::strstr(v.name, "wrong")) continue;
-    const Layout ref = v.layout == kInt4A ? kInt4A : kPair;
-    const GemmFn lib = v.layout == kInt4A ? &avx512::gemm_int4_affine : &avx512::gemm_fp8;
+    const Layout ref = v.layout == kQuad ? kPair : v.layout;
+    const GemmFn lib = v.layout == kInt4A ? &avx512::gemm_int4_affine
+                       : v.layout == kMx  ? &avx512::gemm_mxfp4_int16
+                                          : &avx512::gemm_fp8;
     for (int64_t m : {1, 2, 32})
       for (bool down : {false, true}) {
         const PackedMatrixHeader* hr = down ? W.dn(ref, 0) : W.gu(ref, 0);
@@ -355,7 +370,8 @@ void check(const Weights& W, const std::vector<Variant>& vs, const uint16_t* x, 
         for (float f : want) scale = std::max(scale, double(std::fabs(f)));
         for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / scale);
         const bool same = std::memcmp(want.data(), got.data(), want.size() * 4) == 0;
-        if (v.layout == kQuad ? worst > 1e-5 : !same)
+        const bool bf16_mx = std::strstr(v.name, "mxfp4 bf16");  // fp32 sums vs int16 activations' rounding
+        if (v.layout == kQuad ? worst > 1e-5 : bf16_mx ? worst > 1e-3 : !same)
           std::printf("MISMATCH %s m=%lld down=%d: %.3g\n", v.name, (long long)m, int(down), worst);
       }
   }
@@ -386,6 +402,11 @@ int main(int argc, char** argv) {
       {"int4a L2 ahead 1K", &int4a_ahead<1024>, kInt4A},
       {"int4a L2 ahead 2K (library)", &avx512::gemm_int4_affine, kInt4A},
       {"int4a L2 ahead 4K", &int4a_ahead<4096>, kInt4A},
+      {"mxfp4 bf16 dots (avx512 library)", &avx512::gemm_mxfp4, kMx},
+      {"mxfp4 int16 no prefetch (library)", &avx512::gemm_mxfp4_int16, kMx},
+      {"mxfp4 int16 L2 ahead 2K", &avx512::gemm<2048>, kMx},
+      {"mxfp4 int16 L2 ahead 4K", &avx512::gemm<4096>, kMx},
+      {"mxfp4 int16 L2 ahead 8K", &avx512::gemm<8192>, kMx},
   };
   const std::vector<Variant> vs = select_variants(all, only);
 

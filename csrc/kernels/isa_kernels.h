@@ -76,7 +76,8 @@ struct IsaKernels {
                            int64_t b0, int64_t b1, float* c, int64_t ldc);
 
   // kMXFP4 (mxfp4_format.h), a: bf16 rows [M, lda] (lda >= kp, zero past k): c = Σ_G 2^(e - 127)·Σ a·e2m1,
-  // by fp32 group sums (avx512) or int16 activations and int32 block dots (generic, avx2; mxfp4_format.h).
+  // by fp32 group sums (avx512, amx prefill) or int16 activations and int32 block dots (generic, avx2, amx
+  // decode rows; mxfp4_format.h).
   void (*gemm_mxfp4)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                      int64_t b1, float* c, int64_t ldc);
 };

@@ -26,8 +26,8 @@
 //
 // How the kernels evaluate it (tests/native/test_mxfp4.cpp holds every ISA to the reference on the
 // dequantized weights within an fp32 sum's bound plus the activation term below):
-//   * generic and avx2 (the bits match): integer group dots. Per row and block j of 32 inputs
-//     (kMxfp4Group), the bf16 activations become int16 x[k] = round_half_even(a[k] · 2^s_j)
+//   * generic, avx2 and avx512's gemm_mxfp4_int16 (amx's decode rows; the bits match): integer
+//     group dots. Per row and block j of 32 inputs (kMxfp4Group), the bf16 activations become int16 x[k] = round_half_even(a[k] · 2^s_j)
 //     (mxfp4_block_shift: s_j = min(13 - E_j, 127), E_j the fp32 exponent of the block's largest
 //     |a|, so |x| <= 2^14); every |a| >= 2^(E_j - 6) is exact (bf16 has 8 significant bits), a
 //     smaller one is rounded to a multiple of 2^(E_j - 13), i.e. by at most 2^-14 of the block's
@@ -36,8 +36,9 @@
 //     y += (float(d) · 2^-(s_j + 1)) · 2^(e[n, G(j)] - 127): two multiplies by powers of two
 //     (exact in fp32's normal range), then one add, blocks j ascending, y starting at +0. A block
 //     holding Inf or NaN has the scale NaN: its row's outputs are NaN.
-//   * avx512 / amx: each group's fp32 sum of exact products (a bf16 times an e2m1 value), then
-//     one multiply by 2^(e - 127) and an add (gemm_mxfp4_avx512.cpp).
+//   * avx512: each group's fp32 sum of exact products (a bf16 times an e2m1 value), then one
+//     multiply by 2^(e - 127) and an add (gemm_mxfp4_avx512.cpp); amx's tiles: tdpbf16ps over the
+//     exact weights (gemm_mxfp4_amx.cpp).
 //
 // From dense weights (pack.cpp), per (row, group) of valid values v, as OCP MX: amax = max|v|,
 // E = floor(log2 amax) - 2 (clamped to -127; amax = 0: E = 0), e = E + 127, and each code the
@@ -105,16 +106,30 @@ inline float mxfp4_pow2(int p) {
 // The block's scale 2^-(s + 1) (the + 1: the dot's weights are 2·e2m1, integers); NaN for a non-finite block.
 inline float mxfp4_block_scale(int s) { return s == kMxfp4NonFinite ? NAN : mxfp4_pow2(-(s + 1)); }
 
+// 2·e2m1(code), an integer in [-12, 12]: the integer kernels' weights.
+constexpr int e2m1_twice(int c) {
+  constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  return c & 8 ? -kTwice[c & 7] : kTwice[c & 7];
+}
+
 // 2·e2m1(code) + 12 in [0, 24] (the avx2 dot's unsigned weights; its group sum subtracts 12·Σx).
 struct Mxfp4U8Table {
   alignas(16) uint8_t v[16] = {};
   constexpr Mxfp4U8Table() {
-    constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
-    for (int c = 0; c < 16; ++c) v[c] = uint8_t(12 + (c & 8 ? -kTwice[c & 7] : kTwice[c & 7]));
+    for (int c = 0; c < 16; ++c) v[c] = uint8_t(12 + e2m1_twice(c));
   }
 };
 constexpr Mxfp4U8Table kMxfp4U8;
 constexpr int kMxfp4U8Offset = 12;
+
+// avx512's integer decode (vpermw into int16 words): entry i is 2·e2m1(i % 16) (a word index's low 5 bits).
+struct Mxfp4I16Table {
+  alignas(64) int16_t v[32] = {};
+  constexpr Mxfp4I16Table() {
+    for (int i = 0; i < 32; ++i) v[i] = int16_t(e2m1_twice(i % 16));
+  }
+};
+constexpr Mxfp4I16Table kMxfp4I16;
 
 // Byte of the (block, group) scale record of packed row pr, from the start of the scales.
 inline int64_t mxfp4_scale_offset(int64_t kp, int64_t group, int64_t pr, int64_t g) {

@@ -1,5 +1,6 @@
 // [NOTE] amx gemm_mxfp4: kMXFP4 on tdpbf16ps tiles for prefill rows (m >= prefill_min_rows()),
-// avx512's LUT kernel below. An MXFP4 weight e2m1(q) * 2^(e - 127) is exactly a bf16 (2
+// below them avx512's integer kernel (gemm_mxfp4_int16_avx512.cpp: vpdpwssd, since vdpbf16ps
+// costs these cores 2 cycles of the decode's port; generic's bits). An MXFP4 weight e2m1(q) * 2^(e - 127) is exactly a bf16 (2
 // significant bits), so each block is decoded once per call, scales folded in, to the kBF16
 // k-pair rows (an L2 buffer of kp * 32 bytes) and the tiles run as for kBF16 (gemm_amx.h's
 // BlockDecoder): no per-group epilogue, which is what keeps int4 / grouped int8 off the tiles.
@@ -26,6 +27,8 @@
 namespace ktmoe {
 namespace avx512 {
 KTMOE_DECLARE_ISA_ENTRY_POINTS();
+void gemm_mxfp4_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                      int64_t b1, float* c, int64_t ldc);
 }  // namespace avx512
 
 namespace amx {
@@ -61,7 +64,7 @@ bool mxfp4_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* ou
 // c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
 void gemm_mxfp4(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1,
                 float* c, int64_t ldc) {
-  if (m < prefill_min_rows()) return avx512::gemm_mxfp4(w, a, lda, m, b0, b1, c, ldc);
+  if (m < prefill_min_rows()) return avx512::gemm_mxfp4_int16(w, a, lda, m, b0, b1, c, ldc);
   gemm_bf16_tiles<NativeTileOps>(w, a, lda, m, b0, b1, c, ldc, mxfp4_block_to_bf16, avx512::gemm_mxfp4);
 }
 

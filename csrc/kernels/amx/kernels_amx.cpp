@@ -3,7 +3,8 @@
 // 1.4-2.5x avx512 at T = 256-512 on a 16-core Xeon, level below).
 //   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
 //   gemm_int_amx.cpp    tdpbsud over per-channel kINT8 k-quads, same rows; grouped kINT8 and kINT4: avx512
-//   gemm_mxfp4_amx.cpp  kMXFP4 decoded per block to bf16 (scales folded in, exact), then as kBF16
+//   gemm_mxfp4_amx.cpp  kMXFP4 decoded per block to bf16 (scales folded in, exact), then as kBF16;
+//                       below the tiles avx512's integer kernel (vpdpwssd, gemm_mxfp4_int16_avx512.cpp)
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).

@@ -15,7 +15,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <type_traits>
 
 namespace ktmoe {
@@ -32,6 +34,36 @@ inline __m512i bcast32(const void* p) {
 inline __m512 bf16x16_to_f32(const void* p) {
   const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// A per-thread 64-byte aligned buffer that grows.
+struct Scratch {
+  uint8_t* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  uint8_t* at_least(size_t n) {
+    if (n <= cap) return p;
+    std::free(p);
+    cap = (n + 4095) / 4096 * 4096;
+    p = static_cast<uint8_t*>(std::aligned_alloc(64, cap));
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+};
+
+// x, opaque to the optimizer: a product passed through it is rounded before any add (GCC would
+// otherwise contract _mm512_mul_ps + _mm512_add_ps into one FMA under -ffp-contract=fast).
+inline __m512 rounded(__m512 x) {
+  asm("" : "+v"(x));
+  return x;
+}
+
+// 16 E8M0 bytes at e -> their fp32 2^(e - 127), exact (e = 0, the subnormal 2^-127, by a masked
+// move of its bits 0x00400000; e = 255 is never stored).
+inline __m512 e8m0_to_f32x16(const uint8_t* e) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e)));
+  return _mm512_castsi512_ps(
+      _mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), _mm512_testn_epi32_mask(v, v), _mm512_set1_epi32(0x00400000)));
 }
 
 // Rows per row tile of the tile driver; every K::kMaxRows[NB] is at most this.

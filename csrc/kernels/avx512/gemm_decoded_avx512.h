@@ -196,21 +196,6 @@ inline void ptile_n(int64_t rows, const Dec& dec, const Ctx& x, const uint8_t* w
   ptile<Dec, MaxMR, NB>(dec, x, wd, a, astride, xs, b, q, part, c, ldc);
 }
 
-// A per-thread 64-byte aligned buffer that grows.
-struct Scratch {
-  uint8_t* p = nullptr;
-  size_t cap = 0;
-  ~Scratch() { std::free(p); }
-  uint8_t* at_least(size_t n) {
-    if (n <= cap) return p;
-    std::free(p);
-    cap = (n + 4095) / 4096 * 4096;
-    p = static_cast<uint8_t*>(std::aligned_alloc(64, cap));
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-};
-
 template <class Dec>
 void gemm_prefill(const Dec& dec, const Ctx& x, int64_t kp, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                   int64_t b1, float* c, int64_t ldc) {

@@ -63,7 +63,7 @@ void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t ld
                       int64_t b1, float* c, int64_t ldc) {
   if (m <= 0 || b1 <= b0) return;
   const int64_t kp = w->kp, group = w->group, ngroups = kp / group;
-  static thread_local decoded::Scratch xbuf;
+  static thread_local Scratch xbuf;
   float* xs = reinterpret_cast<float*>(xbuf.at_least(size_t(m * ngroups) * 4));
   row_group_sums(a, lda, m, group, ngroups, xs);
   const decoded::Ctx x{packed_data(w), int4a_block_data_bytes(kp), ngroups, group / 2, xs, w->np / kBlockN};

@@ -29,13 +29,7 @@ struct Mxfp4Decoder : decoded::NibbleSteps {
   Mxfp4Decoder(const uint8_t* s, int64_t ng) : NibbleSteps(kMxfp4Bf16.v, s, ng, kMxfp4ScaleRecordBytes) {}
 
   // The 16 columns' 2^(e - 127) of block b, group g.
-  inline __m512 scale(int64_t b, int64_t g) const {
-    const __m128i e8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(record(b, g)));
-    const __m512i e = _mm512_cvtepu8_epi32(e8);
-    const __m512i bits = _mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_testn_epi32_mask(e, e),
-                                               _mm512_set1_epi32(0x00400000));
-    return _mm512_castsi512_ps(bits);
-  }
+  inline __m512 scale(int64_t b, int64_t g) const { return e8m0_to_f32x16(record(b, g)); }
   inline __m512 offset(int64_t, int64_t) const { return _mm512_setzero_ps(); }
 };
 
