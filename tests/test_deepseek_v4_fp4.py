@@ -1,5 +1,5 @@
 """DeepSeek-V4's FP4 experts (``expert_dtype="fp4"``): per expert ``ffn.experts.{e}.w1/w2/w3.weight`` int8 [n, k/2]
-(two e2m1 codes per byte, the low nibble first) with a UE8M0 scale [n, k/32] (``.scale``, as DeepSeek-V4 ships it,
+or safetensors F4 (float4_e2m1fn_x2, header shape [n, k]) (two e2m1 codes per byte, the low nibble first) with a UE8M0 scale [n, k/32] (``.scale``, as DeepSeek-V4 ships it,
 or ``.weight_scale_inv``, as transformers names it; float8_e8m0fnu or fp32 powers of two) -- the layout of
 transformers 5.25's FP8Experts(expert_dtype="fp4") and Fp8Dequantize._unpack_fp4. hf.from_pretrained dequantizes
 them (exact in bf16) by default and packs their codes and scales as they are with weight_format="mxfp4"; a tiny
@@ -25,14 +25,15 @@ E, H, I = 8, 64, 32  # tiny_config("deepseek_v4")
 PREFIX = "model.layers.1.ffn.experts"
 
 
-def fp4_checkpoint(path, scale_name="scale", scale_dtype=torch.float8_e8m0fnu) -> dict:
-    """Rewrites the save_pretrained checkpoint ``path`` with its experts in DeepSeek-V4's FP4 (OCP MX rounding);
-    returns {expert weight key: its dequantized fp32 value}."""
+def fp4_checkpoint(path, scale_name="scale", scale_dtype=torch.float8_e8m0fnu, weight_dtype=torch.int8) -> dict:
+    """Rewrites the save_pretrained checkpoint ``path`` with its experts in DeepSeek-V4's FP4 (OCP MX rounding;
+    the packed bytes as ``weight_dtype``: int8, or float4_e2m1fn_x2, safetensors' F4); returns {expert weight
+    key: its dequantized fp32 value}."""
     state = load_file(path / "model.safetensors")
     dequantized = {}
     for key in [k for k in state if ".experts." in k and k.endswith(".weight")]:
         blocks, scales = quantize_mxfp4(state.pop(key))
-        state[key] = blocks.flatten(-2).view(torch.int8)
+        state[key] = blocks.flatten(-2).view(weight_dtype)
         scale = scales.view(torch.float8_e8m0fnu)
         state[key[: -len("weight")] + scale_name] = scale if scale_dtype == scale.dtype else scale.to(scale_dtype)
         dequantized[key] = dequantize_mxfp4(blocks, scales)
@@ -50,13 +51,31 @@ def stacked(dequantized: dict, prefix: str):
             torch.stack([w(e, "w2") for e in range(E)]))
 
 
+def f4_loads(tmp_path) -> bool:
+    """Whether this safetensors / torch round-trip an F4 (float4_e2m1fn_x2) tensor, bytes and header shape."""
+    t = torch.tensor([[0x21, 0x43]], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    try:
+        save_file({"t": t}, tmp_path / "f4.safetensors")
+        with SafetensorsCheckpoint(tmp_path) as ckpt:
+            return ckpt.dtype("t") == "F4" and ckpt.shape("t") == [1, 4] and torch.equal(ckpt.get("t").view(torch.uint8),
+                                                                                         t.view(torch.uint8))
+    except Exception:
+        return False
+
+
+WEIGHT_DTYPES = [pytest.param(torch.int8, id="int8"), pytest.param(torch.float4_e2m1fn_x2, id="F4")]
+
+
 @pytest.mark.parametrize("weight_format", [None, "mxfp4"])
 @pytest.mark.parametrize("scale_name, scale_dtype", [("scale", torch.float8_e8m0fnu),
                                                      ("weight_scale_inv", torch.float32)], ids=["e8m0", "fp32"])
-def test_fp4_checkpoint_streams_exactly(tmp_path, weight_format, scale_name, scale_dtype):
+@pytest.mark.parametrize("weight_dtype", WEIGHT_DTYPES)
+def test_fp4_checkpoint_streams_exactly(tmp_path, weight_format, scale_name, scale_dtype, weight_dtype):
+    if weight_dtype != torch.int8 and not f4_loads(tmp_path):
+        pytest.skip("this safetensors / torch cannot round-trip F4 tensors")
     model = tiny_model("deepseek_v4")
     model.save_pretrained(tmp_path / "ckpt")
-    dequantized = fp4_checkpoint(tmp_path / "ckpt", scale_name, scale_dtype)
+    dequantized = fp4_checkpoint(tmp_path / "ckpt", scale_name, scale_dtype, weight_dtype)
     with torch.no_grad():  # the reference: the unpatched model holding the dequantized experts
         for i, layer in enumerate(model.model.layers):
             gate_up, down = stacked(dequantized, f"model.layers.{i}.ffn.experts")
@@ -76,17 +95,22 @@ def test_fp4_checkpoint_streams_exactly(tmp_path, weight_format, scale_name, sca
     assert_same_greedy_up_to_ties(loaded, ref_seq, ref_step, (out - ref).abs().max().item(), torch.bfloat16)
 
 
-@pytest.fixture
-def ckpt_tensors():
-    """One layer of DeepSeek-V4 FP4 experts as tensors: {key: tensor} with e8m0 ``.scale`` tensors."""
+def layer_tensors(weight_dtype=torch.int8) -> dict:
+    """One layer of DeepSeek-V4 FP4 experts as tensors: {key: tensor} with e8m0 ``.scale`` tensors, the weights'
+    bytes as ``weight_dtype`` (int8, or float4_e2m1fn_x2: safetensors' F4)."""
     g = torch.Generator().manual_seed(0)
     t = {}
     for e in range(E):
         for name, (n, k) in {"w1": (I, H), "w3": (I, H), "w2": (H, I)}.items():
             blocks, scales = quantize_mxfp4(torch.randn(n, k, generator=g))
-            t[f"{PREFIX}.{e}.{name}.weight"] = blocks.flatten(-2).view(torch.int8)
+            t[f"{PREFIX}.{e}.{name}.weight"] = blocks.flatten(-2).view(weight_dtype)
             t[f"{PREFIX}.{e}.{name}.scale"] = scales.view(torch.float8_e8m0fnu)
     return t
+
+
+@pytest.fixture
+def ckpt_tensors():
+    return layer_tensors()
 
 
 def read(tmp_path, tensors, exact=True):
@@ -96,7 +120,11 @@ def read(tmp_path, tensors, exact=True):
         return list(reader.mxfp4_experts(range(E)) if exact else reader.experts(range(E)))
 
 
-def test_reader_keeps_codes_and_scale_bytes(tmp_path, ckpt_tensors):
+@pytest.mark.parametrize("weight_dtype", WEIGHT_DTYPES)
+def test_reader_keeps_codes_and_scale_bytes(tmp_path, weight_dtype):
+    if weight_dtype != torch.int8 and not f4_loads(tmp_path):
+        pytest.skip("this safetensors / torch cannot round-trip F4 tensors")
+    ckpt_tensors = layer_tensors(weight_dtype)
     got = read(tmp_path, ckpt_tensors)
     for e, (gate_up, down, gate_up_scale, down_scale) in enumerate(got):
         for name, codes, scale, rows in (("w1", gate_up, gate_up_scale, slice(0, I)),
@@ -138,3 +166,14 @@ def test_refusals_name_the_tensor(tmp_path, ckpt_tensors, key, change, match):
         ckpt_tensors[key] = change(ckpt_tensors[key])
     with pytest.raises(ValueError, match=match):
         read(tmp_path, ckpt_tensors)
+
+
+def test_f4_weight_of_the_wrong_shape_is_refused(tmp_path):
+    """An F4 header counts codes: a w2 of [64, 16] codes (half its inputs) is named with the [64, 32] it needs."""
+    if not f4_loads(tmp_path):
+        pytest.skip("this safetensors / torch cannot round-trip F4 tensors")
+    t = layer_tensors(torch.float4_e2m1fn_x2)
+    key = f"{PREFIX}.4.w2.weight"
+    t[key] = t[key].view(torch.uint8)[:, :8].contiguous().view(torch.float4_e2m1fn_x2)
+    with pytest.raises(ValueError, match=rf"{key}: shape \[64, 16\] .* expected \[64, 32\]"):
+        read(tmp_path, t)

@@ -7,8 +7,9 @@ codes per byte along k, the low nibble first; beside it its scale (``scale`` in 
 float8_e8m0fnu (``scale_fmt="ue8m0"``), uint8 exponent bytes, or fp32 powers of two. This is the layout of
 transformers 5.25's ``FP8Experts`` with ``expert_dtype="fp4"`` (``weight_k_div=2``, ``sf_gran_k=32``) and of its
 ``Fp8Dequantize._unpack_fp4``: ``w = e2m1(q) * scale``, i.e. MXFP4 -- the numbers gpt-oss's ``_blocks`` /
-``_scales`` hold (:mod:`.mxfp4`). The e2m1 dtype ``float4_e2m1fn_x2`` (safetensors ``F4``) is not read:
-safetensors 0.8 cannot load it into torch.
+``_scales`` hold (:mod:`.mxfp4`). The weights may also be safetensors' ``F4`` (torch's ``float4_e2m1fn_x2``):
+the same bytes, two e2m1 codes each, the low nibble first (as transformers' ``_unpack_fp4`` reads them), whose
+header shape counts codes, ``[n, k]``.
 
 :class:`Fp4Experts` reads them exactly (``mxfp4_experts``: codes and scale bytes for ``weight_format="mxfp4"``)
 or dequantized to fp32 (``experts``), one expert at a time.
@@ -24,8 +25,26 @@ from .fp8 import weight_scale_key
 from .fused_layout import CONCATENATED, FusedLayout
 from .mxfp4 import E8M0_DTYPES, dequantize_mxfp4, e8m0_bytes, split_nibbles
 
-FP4_DTYPES = ("I8", "U8")  # safetensors' names of the packed e2m1 bytes
+FP4_DTYPES = ("I8", "U8", "F4")  # safetensors' names of the packed e2m1 bytes (F4: its shape counts codes)
 FP4_SCALE_DTYPES = (*E8M0_DTYPES, "F32")
+
+
+def header_shape(ckpt, key: str, n: int, k: int) -> list[int]:
+    """The safetensors header shape of an FP4 weight [n, k]: ``[n, k]`` for ``F4`` (it counts codes), else
+    ``[n, k / 2]`` (bytes)."""
+    return [n, k] if ckpt.dtype(key) == "F4" else [n, k // 2]
+
+
+def packed_bytes(ckpt, key: str) -> torch.Tensor:
+    """The packed e2m1 bytes of ``key`` as uint8 [n, k / 2]; ValueError naming it where safetensors cannot load
+    an ``F4`` tensor into torch (an older safetensors or torch)."""
+    try:
+        return ckpt.get(key).view(torch.uint8)
+    except Exception as err:  # safetensors' own error type differs by version
+        if ckpt.dtype(key) != "F4":
+            raise
+        raise ValueError(f"{key}: dtype F4 (float4_e2m1fn_x2) in {ckpt.path}, which this safetensors / torch "
+                         f"{torch.__version__} cannot load ({err}); a newer safetensors reads it") from err
 
 
 class Fp4Experts:
@@ -41,7 +60,8 @@ class Fp4Experts:
              layout: FusedLayout = CONCATENATED) -> Optional["Fp4Experts"]:
         suffixes = per_expert_suffixes(ckpt, prefix, FP4_DTYPES)
         # two codes a byte: a gate weight [I, H/2]; int8 weights [I, H] are another encoding (refused by dtype later)
-        if suffixes is None or ckpt.shape(f"{prefix}.0.{suffixes[0]}") != [intermediate_size, hidden_size // 2]:
+        if suffixes is None or ckpt.shape(f"{prefix}.0.{suffixes[0]}") != header_shape(ckpt, f"{prefix}.0.{suffixes[0]}",
+                                                                                        intermediate_size, hidden_size):
             return None
         return cls(ckpt, prefix, suffixes, hidden_size, intermediate_size)
 
@@ -62,10 +82,10 @@ class Fp4Experts:
             raise ValueError(f"{key}: dtype {self.ckpt.dtype(key)} in {self.ckpt.path}, but the other experts of this "
                              f"block are FP4 ({'/'.join(FP4_DTYPES)}, two e2m1 codes per byte); a block must be one "
                              "format")
-        self.ckpt.expect_shape(key, (n, k // 2))
+        self.ckpt.expect_shape(key, header_shape(self.ckpt, key, n, k))
         scale_key = weight_scale_key(self.ckpt, key, "FP4 (packed e2m1)", FP4_SCALE_DTYPES)
         self.ckpt.expect_shape(scale_key, (n, k // 32))
-        blocks = self.ckpt.get(key).view(torch.uint8).reshape(n, k // 32, 16)
+        blocks = packed_bytes(self.ckpt, key).reshape(n, k // 32, 16)
         return blocks, e8m0_bytes(self.ckpt.get(scale_key), scale_key)
 
     def _decoded(self, ids: Iterable[int], decode) -> Iterator[tuple]:
