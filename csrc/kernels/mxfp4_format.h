@@ -4,8 +4,9 @@
 // What it stores. An MXFP4 checkpoint (gpt-oss's `*_blocks` / `*_scales`, DeepSeek-V4's
 // expert_dtype="fp4") keeps each weight row as 4-bit e2m1 codes q, two per byte (low nibble
 // first), and per block of 32 inputs one E8M0 byte e:  w[n][k] = e2m1(q[n][k]) * 2^(e - 127).
-// kMXFP4 keeps both exactly; kernels turn a code into its bf16 value (avx512) or 2·e2m1 + 12
-// (generic, avx2) with a 16-entry table and scale each group's (or block's) sum by powers of two.
+// kMXFP4 keeps both exactly; kernels turn a code into its bf16 value (avx512, amx's tiles), 2·e2m1
+// (avx512's int16 kernel) or 2·e2m1 + 12 (generic, avx2) with a 16-entry table and scale each group's
+// (or block's) sum by powers of two.
 //
 // e2m1: 1 sign, 2 exponent bits (bias 1), 1 mantissa bit, no infinity or NaN. Codes 0..7 are
 // 0, 0.5 (the one subnormal), 1, 1.5, 2, 3, 4, 6; codes 8..15 the same negated (8 is -0).
@@ -87,7 +88,7 @@ inline uint8_t e8m0_for_amax(float amax) {
   return uint8_t(biased < 0 ? 0 : biased);  // amax < 2^128: biased <= 254
 }
 
-// The int16 activations of the integer kernels (generic, avx2): the shift s of a block of 32 bf16 values
+// The int16 activations of the integer kernels (generic, avx2, avx512's gemm_mxfp4_int16): the shift s of a block of 32 bf16 values
 // from the largest of their fp32 bit patterns without the sign (a zero block: s = 13 + 127, clamped). A
 // block holding Inf or NaN: kMxfp4NonFinite.
 constexpr int kMxfp4NonFinite = -1000;

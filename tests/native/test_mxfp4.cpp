@@ -252,7 +252,9 @@ void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
   double worst = 0;
   bool same = true, splits = true, rows_alone = true;
   const int64_t lda = kp + 16;
-  for (int64_t m : {1, 2, 5, 8, 9, 33}) {  // avx512: decode tiles up to 8 rows, then the prefill
+  // avx512: decode tiles up to 8 rows, then the prefill; the int16 kernel: row tiles of 4, then 3, 2 or 1, in
+  // chunks of 64 rows; amx: tiles from 4 rows
+  for (int64_t m : {1, 2, 3, 5, 8, 9, 33, 67}) {
     std::vector<uint16_t> a(size_t(m * lda), 0);  // N(0, 1) bf16 rows, zero past k
     for (int64_t i = 0; i < m * k; ++i) a[size_t(i / k * lda + i % k)] = ref_bf16(float(rng.gauss()));
     const std::vector<float> full = run(isa, blob.get(), a.data(), lda, m, 0, nb);
@@ -280,13 +282,18 @@ void test_mxfp4_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
       const std::vector<float> c = run(isa, blob.get(), a.data(), lda, m, b, b + 1);
       for (int64_t r = 0; r < m; ++r) splits = splits && !std::memcmp(&c[size_t(r * 16)], &full[size_t(r * np + 16 * b)], 64);
     }
+    if (nb > 1) {  // blocks [1, nb) in one call: the multi-block tiles from b0 > 0
+      const std::vector<float> c = run(isa, blob.get(), a.data(), lda, m, 1, nb);
+      for (int64_t r = 0; r < m; ++r)
+        splits = splits && !std::memcmp(&c[size_t(r * (np - 16))], &full[size_t(r * np + 16)], size_t(np - 16) * 4);
+    }
     const bool tiles = std::string(isa.name) == "amx" && m >= amx::prefill_min_rows();  // tdpbf16ps' own sums
     for (int64_t r = 0; r < m && m > 1 && !tiles; ++r)
       rows_alone = rows_alone && !std::memcmp(run(isa, blob.get(), a.data() + r * lda, lda, 1, 0, nb).data(),
                                               &full[size_t(r * np)], size_t(np) * 4);
   }
   CHECK(worst <= 1.0 && splits && rows_alone && same,
-        strf("gemm_mxfp4 [%s] %s n=%lld k=%lld group=%d M={1,2,5,8,9,33}: max err/tol %.3f vs the dequantized "
+        strf("gemm_mxfp4 [%s] %s n=%lld k=%lld group=%d M={1,2,3,5,8,9,33,67}: max err/tol %.3f vs the dequantized "
              "reference, block splits %s, rows alone (below amx's tiles) %s, generic's bits where the integer "
              "kernels run %s", isa.name, role_name(role), (long long)n, (long long)k, h.group, worst,
              splits ? "bit-identical" : "DIFFER", rows_alone ? "bit-identical" : "DIFFER", same ? "yes" : "NO"));

@@ -32,8 +32,8 @@ def expect_dense(ckpt: SafetensorsCheckpoint, key: str) -> None:
     if dtype not in DENSE_DTYPES:
         raise ValueError(
             f"{key}: expert weight of dtype {dtype} in {ckpt.path}; torch_ktmoe reads fp32 / bf16 / fp16 experts, "
-            f"FP8 (F8_E4M3 with its weight_scale_inv / weight_scale), gpt-oss MXFP4 and DeepSeek-V4 FP4 (I8 with "
-            f"its UE8M0 scale), and refuses anything else rather than read codes as numbers; companion tensors found: {companions(ckpt, key) or 'none'}")
+            f"FP8 (F8_E4M3 with its weight_scale_inv / weight_scale), gpt-oss MXFP4 and DeepSeek-V4 FP4 (I8, U8 or F4 "
+            f"with its UE8M0 scale), and refuses anything else rather than read codes as numbers; companion tensors found: {companions(ckpt, key) or 'none'}")
 
 
 # (gate, up, down) key suffixes under "<prefix>.<expert>."

@@ -59,7 +59,8 @@ class Fp4Experts:
     def find(cls, ckpt, prefix: str, hidden_size: int, intermediate_size: int, num_experts: Optional[int] = None,
              layout: FusedLayout = CONCATENATED) -> Optional["Fp4Experts"]:
         suffixes = per_expert_suffixes(ckpt, prefix, FP4_DTYPES)
-        # two codes a byte: a gate weight [I, H/2]; int8 weights [I, H] are another encoding (refused by dtype later)
+        # two codes a byte: a gate weight [I, H/2] (F4's header counts codes: [I, H]); int8 weights [I, H] are
+        # another encoding (refused by dtype later)
         if suffixes is None or ckpt.shape(f"{prefix}.0.{suffixes[0]}") != header_shape(ckpt, f"{prefix}.0.{suffixes[0]}",
                                                                                         intermediate_size, hidden_size):
             return None

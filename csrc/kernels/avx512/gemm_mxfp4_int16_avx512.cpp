@@ -5,8 +5,9 @@
 //
 // Why: on Intel's AMX cores vdpbf16ps costs about 2 cycles of port 5 (12 independent ones: 25.7
 // cycles; vpdpwssd 6.6: two a cycle), the port vpermw's decode needs too, so avx512's bf16 decode
-// of mxfp4 (one vdpbf16ps per 32 weights and row) reads at 64-65 % of the read roof there. Here
-// the dot is vpdpwssd (int16 pairs into int32), which leaves port 5 to the decode. The amx row uses
+// of mxfp4 (one vdpbf16ps per 32 weights and row) is bound by its instructions there (12 GB/s a
+// core from L2, below). Here the dot is vpdpwssd (int16 pairs into int32), which leaves port 5 to
+// the decode. The amx row uses
 // it for the rows below its tiles (kernels_amx.cpp); Zen 4 keeps the bf16 decode (95 % of its roof).
 //
 // Per k-quad (32 bytes, 16 columns x 4 inputs, kINT4A's nibble layout) and block of the tile:
