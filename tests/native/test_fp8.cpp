@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "check.h"
+#include "kernels/amx/prefill_rows.h"
 #include "kernels/pack.h"
 #include "kernels/pack_fp8.h"
 #include "tests.h"
@@ -260,20 +261,32 @@ void test_fp8_gemm_all_bytes(const IsaKernels& isa) {
                        isa.name, (long long)bad));
 }
 
+// s * e4m3(q) of d by packed row [np][kp] (independent of the packer's layout), and each packed row's
+// largest |weight| in row_mag.
+std::vector<double> fp8_dequantized(const PackedMatrixHeader& h, const Fp8Dense& d, std::vector<double>* row_mag) {
+  const int64_t kp = h.kp, np = h.np;
+  std::vector<double> wv(size_t(np * kp), 0.0);
+  row_mag->assign(size_t(np), 0.0);
+  for (int64_t r = 0; r < h.n; ++r) {
+    const int64_t pr = ref_packed_row_fp8(MatrixRole(h.role), h.n, r);
+    for (int64_t c = 0; c < h.k; ++c) {
+      const double v = d.scale_rows[size_t(r)][c / h.group] * ref_e4m3(d.q[size_t(r * h.k + c)]);
+      wv[size_t(pr * kp + c)] = v;
+      (*row_mag)[size_t(pr)] = std::max((*row_mag)[size_t(pr)], std::fabs(v));
+    }
+  }
+  return wv;
+}
+
 void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k, int64_t group, Rng& rng) {
   const auto gemm = isa.gemm_fp8;
   const PackedMatrixHeader h = fp8_header(role, n, k, group);
-  const int64_t kp = h.kp, np = h.np, nb = np / 16, ng = kp / h.group;
+  const int64_t kp = h.kp, np = h.np, nb = np / 16;
   const Fp8Dense d = random_fp8(role, n, k, group, kp, rng);
   const AlignedBytes blob = pack_fp8(h, d, 0);
   const auto* hw = reinterpret_cast<const PackedMatrixHeader*>(blob.get());
-  // dequantized reference weights by packed row (independent of the packer's layout)
-  std::vector<double> wq(size_t(np * kp), 0.0), ws(size_t(np * ng), 0.0);
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t pr = ref_packed_row_fp8(role, n, r);
-    for (int64_t c = 0; c < k; ++c) wq[size_t(pr * kp + c)] = ref_e4m3(d.q[size_t(r * k + c)]);
-    for (int64_t G = 0; G < ng; ++G) ws[size_t(pr * ng + G)] = d.scale_rows[size_t(r)][G];
-  }
+  std::vector<double> row_mag;
+  const std::vector<double> wv = fp8_dequantized(h, d, &row_mag);
   const float sentinel = f32_from_bits(0x7FC12345u);
   double worst = 0;
   bool guards = true, splits = true, m_indep = true;
@@ -286,11 +299,10 @@ void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k,
     for (int64_t r = 0; r < m; ++r)
       for (int64_t pr = 0; pr < np; ++pr) {
         double s = 0, sa = 0;
-        for (int64_t G = 0; G < ng; ++G)
-          for (int64_t c = G * h.group; c < (G + 1) * h.group; ++c) {
-            const double t = ws[size_t(pr * ng + G)] * double(bf16_value(a[size_t(r * lda + c)])) * wq[size_t(pr * kp + c)];
-            s += t, sa += std::fabs(t);
-          }
+        for (int64_t c = 0; c < kp; ++c) {
+          const double t = double(bf16_value(a[size_t(r * lda + c)])) * wv[size_t(pr * kp + c)];
+          s += t, sa += std::fabs(t);
+        }
         ref[size_t(r * np + pr)] = s, tol[size_t(r * np + pr)] = (2.0 * kp + 8) * 0x1.0p-24 * sa + 1e-30;
       }
     std::vector<std::pair<int64_t, int64_t>> ranges = {{0, nb}, {nb - 1, nb}};
@@ -319,7 +331,8 @@ void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k,
       for (int64_t r = 0; r < m; ++r)
         splits = splits && std::memcmp(&c[size_t(r * 16)], &full[size_t(r * np + 16 * b)], 64) == 0;
     }
-    for (int64_t r = 0; r < m && m > 1; ++r) {  // one row at a time: the same bits
+    const bool tiles = std::string(isa.name) == "amx" && m >= amx::fp8_prefill_min_rows();  // tdpbf16ps' own sums
+    for (int64_t r = 0; r < m && m > 1 && !tiles; ++r) {  // one row at a time: the same bits
       std::vector<float> c(static_cast<size_t>(np));
       gemm(hw, a.data() + r * lda, lda, 1, 0, nb, c.data(), np);
       m_indep = m_indep && std::memcmp(c.data(), &full[size_t(r * np)], size_t(np) * 4) == 0;
@@ -327,7 +340,7 @@ void test_fp8_gemm(const IsaKernels& isa, MatrixRole role, int64_t n, int64_t k,
   }
   CHECK(worst <= 1.0 && guards && splits && m_indep,
         strf("gemm_fp8 [%s] %s n=%lld k=%lld group=%d M={1,2,3,8,17,70}: max err/tol %.3f vs the dequantized "
-             "reference, guards %s, block splits %s, rows alone %s",
+             "reference, guards %s, block splits %s, rows alone (below amx's tiles) %s",
              isa.name, role_name(role), (long long)n, (long long)k, h.group, worst, guards ? "intact" : "OVERWRITTEN",
              splits ? "bit-identical" : "DIFFER", m_indep ? "bit-identical" : "DIFFER"));
 }
@@ -350,6 +363,14 @@ void test_fp8(const std::vector<Isa>& isas, Rng& rng) {
   for (const Isa& isa : isas) {
     test_fp8_gemm_all_bytes(*isa.k);
     for (const Shape& s : shapes) test_fp8_gemm(*isa.k, s.role, s.n, s.k, s.group, rng);
+  }
+  for (const Shape& s : shapes) {  // the amx tiles' decode and epilogue (test_amx_scaled.cpp)
+    const PackedMatrixHeader h = fp8_header(s.role, s.n, s.k, s.group);
+    const Fp8Dense d = random_fp8(s.role, s.n, s.k, s.group, h.kp, rng);
+    const AlignedBytes blob = pack_fp8(h, d, 0);
+    std::vector<double> row_mag;
+    const std::vector<double> wv = fp8_dequantized(h, d, &row_mag);
+    test_amx_scaled_tiles(isas, reinterpret_cast<const PackedMatrixHeader*>(blob.get()), wv, row_mag, rng);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "check.h"
+#include "kernels/amx/prefill_rows.h"
 #include "kernels/pack.h"
 #include "kernels/pack_int4_affine.h"
 #include "tests.h"
@@ -262,22 +263,32 @@ void test_int4a_gemm_one_hot(const IsaKernels& isa) {
                        "rows, M = 64, 3, 1; bad %lld)", isa.name, (long long)bad));
 }
 
-void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRole role, int64_t n, int64_t k, int64_t group,
-               bool zeros, Rng& rng) {
-  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT4A, role, n, k, group);
-  const int64_t kp = h.kp, np = h.np, nb = np / 16, ng = kp / group;
-  const Int4Checkpoint d = random_checkpoint(n, k, group, zeros, rng);
-  const AlignedBytes blob = pack_checkpoint(h, d, zeros, 0);
-  const auto* hw = reinterpret_cast<const PackedMatrixHeader*>(blob.get());
-  std::vector<double> wv(size_t(np * kp), 0.0), smax(size_t(np), 0.0);  // s * (q - z) by packed row (exact)
+// s * (q - z) of d by packed row [np][kp] (exact), and 32 times each packed row's largest |s| in row_mag (the
+// fp32 bound's magnitude: Σ a·q with q <= 15 and o·Σ a with |o| <= 16 |s|).
+std::vector<double> int4a_dequantized(const PackedMatrixHeader& h, const Int4Checkpoint& d, std::vector<double>* row_mag) {
+  const int64_t kp = h.kp, np = h.np, n = h.n, k = h.k, group = h.group, ng = kp / group;
+  std::vector<double> wv(size_t(np * kp), 0.0);
+  row_mag->assign(size_t(np), 0.0);
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t pr = ref_packed_row(role, n, r);
+    const int64_t pr = ref_packed_row(MatrixRole(h.role), n, r);
     for (int64_t c = 0; c < k; ++c) {
       const int64_t gi = r * ng + c / group;
       wv[size_t(pr * kp + c)] = double(d.s[size_t(gi)]) * (double(d.q[size_t(r * k + c)]) - d.z[size_t(gi)]);
-      smax[size_t(pr)] = std::max(smax[size_t(pr)], std::fabs(double(d.s[size_t(gi)])));
+      (*row_mag)[size_t(pr)] = std::max((*row_mag)[size_t(pr)], 32 * std::fabs(double(d.s[size_t(gi)])));
     }
   }
+  return wv;
+}
+
+void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRole role, int64_t n, int64_t k, int64_t group,
+               bool zeros, Rng& rng) {
+  const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT4A, role, n, k, group);
+  const int64_t kp = h.kp, np = h.np, nb = np / 16;
+  const Int4Checkpoint d = random_checkpoint(n, k, group, zeros, rng);
+  const AlignedBytes blob = pack_checkpoint(h, d, zeros, 0);
+  const auto* hw = reinterpret_cast<const PackedMatrixHeader*>(blob.get());
+  std::vector<double> smax;  // 32 max |s| per packed row
+  const std::vector<double> wv = int4a_dequantized(h, d, &smax);
   const float sentinel = f32_from_bits(0x7FC12345u);
   double worst = 0;
   bool guards = true, splits = true, m_indep = true, same_as_generic = true;
@@ -296,7 +307,7 @@ void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
           sx += std::fabs(x);
         }
         // fp32 rounding of Σ a·q (|q| <= 15), Σ a and the two scaled terms (|s·z| <= 16 |s|)
-        ref[size_t(r * np + pr)] = sum, tol[size_t(r * np + pr)] = (2.0 * kp + 8) * 0x1.0p-24 * 32 * smax[size_t(pr)] * sx + 1e-30;
+        ref[size_t(r * np + pr)] = sum, tol[size_t(r * np + pr)] = (2.0 * kp + 8) * 0x1.0p-24 * smax[size_t(pr)] * sx + 1e-30;
       }
     std::vector<std::pair<int64_t, int64_t>> ranges = {{0, nb}, {nb - 1, nb}};
     if (nb > 2) ranges.push_back({1, nb - 1});
@@ -329,7 +340,8 @@ void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
       for (int64_t r = 0; r < m; ++r)
         splits = splits && std::memcmp(&c[size_t(r * 16)], &full[size_t(r * np + 16 * b)], 64) == 0;
     }
-    for (int64_t r = 0; r < m && m > 1; ++r) {  // one row at a time: the same bits
+    const bool tiles = std::string(isa.name) == "amx" && m >= amx::prefill_min_rows();  // tdpbf16ps' own sums
+    for (int64_t r = 0; r < m && m > 1 && !tiles; ++r) {  // one row at a time: the same bits
       std::vector<float> c(static_cast<size_t>(np));
       isa.gemm_int4_affine(hw, a.data() + r * lda, lda, 1, 0, nb, c.data(), np);
       m_indep = m_indep && std::memcmp(c.data(), &full[size_t(r * np)], size_t(np) * 4) == 0;
@@ -337,7 +349,7 @@ void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
   }
   CHECK(worst <= 1.0 && guards && splits && m_indep && same_as_generic,
         strf("gemm_int4_affine [%s] %s n=%lld k=%lld group=%d zeros=%d M={1,3,17,64}: max err/tol %.3f vs the "
-             "dequantized reference, guards %s, block splits %s, rows alone %s%s",
+             "dequantized reference, guards %s, block splits %s, rows alone (below amx's tiles) %s%s",
              isa.name, role_name(role), (long long)n, (long long)k, h.group, int(zeros), worst,
              guards ? "intact" : "OVERWRITTEN", splits ? "bit-identical" : "DIFFER", m_indep ? "bit-identical" : "DIFFER",
              std::string(isa.name) == "avx2" ? (same_as_generic ? ", = generic bits" : ", DIFFERS from generic") : ""));
@@ -362,6 +374,14 @@ void test_int4_affine(const std::vector<Isa>& isas, Rng& rng) {
   for (const Isa& isa : isas) {
     test_int4a_gemm_one_hot(*isa.k);
     for (const Shape& s : shapes) test_int4a_gemm(*isa.k, generic, s.role, s.n, s.k, s.group, s.zeros, rng);
+  }
+  for (const Shape& s : shapes) {  // the amx tiles' decode and epilogue (test_amx_scaled.cpp)
+    const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT4A, s.role, s.n, s.k, s.group);
+    const Int4Checkpoint d = random_checkpoint(s.n, s.k, s.group, s.zeros, rng);
+    const AlignedBytes blob = pack_checkpoint(h, d, s.zeros, 0);
+    std::vector<double> row_mag;
+    const std::vector<double> wv = int4a_dequantized(h, d, &row_mag);
+    test_amx_scaled_tiles(isas, reinterpret_cast<const PackedMatrixHeader*>(blob.get()), wv, row_mag, rng);
   }
 }
 

@@ -45,6 +45,10 @@ void test_mxfp4(const std::vector<Isa>& isas, Rng& rng);
 
 // test_amx.cpp: the AMX tile emulator, and the amx gemm templates run on it (every host).
 void test_amx_emulator(Rng& rng);
+// kFP8 / kINT4A on tiles (test_amx_scaled.cpp): hw packed, wv its dequantized weights [np][kp] by packed
+// row, row_mag each packed row's magnitude for the fp32 bound (fp8: max |w|; int4_affine: 32 max |s|).
+void test_amx_scaled_tiles(const std::vector<Isa>& isas, const PackedMatrixHeader* hw, const std::vector<double>& wv,
+                           const std::vector<double>& row_mag, Rng& rng);
 void test_amx_gemm(const std::vector<Isa>& isas, WeightFormat f, MatrixRole role, int64_t n, int64_t k,
                    int64_t group, Rng& rng);
 // test_int4_avx2.cpp: avx2 gemm_int4 at the int16 range ends, and its bits against generic's.

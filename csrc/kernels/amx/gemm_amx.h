@@ -1,5 +1,6 @@
 // [NOTE] The amx gemms (kBF16, kINT8, kINT4, and kBF16 tiles over weights another format
-// decodes to bf16, e.g. kMXFP4) as one template over a TileOps policy: the
+// decodes to bf16: kMXFP4 with its scales folded in, kFP8 and kINT4A with a scale per k-group
+// applied after each group) as one template over a TileOps policy: the
 // real instructions (tile_ops_native.h, in gemm_bf16_amx.cpp / gemm_int_amx.cpp) or the
 // emulator (tile_ops_emulated.h, in tests/native), so the same indexing and tails run
 // everywhere. Plain C++ besides the tile calls (and a GCC vector shuffle); no intrinsics.
@@ -14,7 +15,8 @@
 //     k-pair rows, kp/2 rows of 64 bytes; both L2-resident, reused by every row pair;
 //     kINT8 with kp % 64 = 32: the last half step copied into a zero-padded B tile)
 //     for each pair of 16-row groups (the last alone, rows past m zero):
-//       for each group G of steps (kBF16 / kINT8: one group, all of kp):
+//       for each group G of steps (kBF16 / kINT8: one group, all of kp; kINT4 and a decoded
+//       format with GroupScales: w->group / 32 steps):
 //         zero C; per step: load A[i], B[j], C[i][j] += A[i]·B[j]; store C to a 2 KiB..4 KiB
 //         buffer; the format's epilogue (below) reads it
 // The driver calls with at most 32 rows (moe_driver.cpp kTokenTile), so a call is one row
@@ -25,6 +27,9 @@
 // Epilogues (the same float operations, in the same order, as the avx512 kernels, whose
 // integer sums are the same exact int32: so kINT8 / kINT4 give avx512's bits):
 //   kBF16: c = C (each tdpbf16ps step adds (even + odd) of its 16 k-pairs, tile_ops_emulated.h)
+//   decoded with GroupScales (kFP8, kINT4A): f = fma(s[n,G], C_G, f) over G (f from +0), then, with
+//          row sums, f = fma(o[n,G], xsum[r,G], f); c = f: the avx512 kernels' group_end
+//          (gemm_decoded_avx512.h) on tdpbf16ps's sums
 //   kINT8: c = (sx[r] · s[n]) · float(C − 128·gsum[r])          C = Σ_k u·xq (tdpbsud); per channel
 //          only: grouped int8 runs avx512's kernel (gemm_int_amx.cpp says why)
 //   kINT4: f = fma(d[n,G], float(C_G − 64·gsum[r,G]), f) over G, c = sx[r] · f
@@ -58,6 +63,9 @@ using BlockFallback = void (*)(const PackedMatrixHeader* w, const uint16_t* a, i
 // kMXFP4's (gemm_mxfp4_amx.cpp: AVX-512 BW, no tile instructions): false for a block with a
 // nonzero code under an E8M0 scale outside [2, 252].
 bool mxfp4_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
+// A decoded format's 16 column scales s of (block, group g) to s[0, 16) and, for a format with row
+// sums, its offsets o to o[0, 16) (the value is s·Σ a·decoded + o·Σ a over each group).
+using GroupScales = void (*)(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
 
 // Everything one call needs; built by the entry points below.
 struct TileGemmArgs {
@@ -73,6 +81,9 @@ struct TileGemmArgs {
   int64_t gsum_ld = 0;
   BlockDecoder decode = nullptr;  // kBF16 only: w's blocks decoded to bf16 (w->format is not kBF16)
   BlockFallback fallback = nullptr;  // and the blocks decode refuses
+  GroupScales scales = nullptr;   // decoded: per (block, k-group of w->group) scales, applied per group
+  const float* xsum = nullptr;    // and, where scales gives offsets, the rows' group sums [m, xsum_ld]
+  int64_t xsum_ld = 0;
 };
 
 template <class T>
@@ -131,7 +142,7 @@ struct TileGemm {
     const int64_t kstep = f == TileFormat::kBF16 ? 32 : a_step(f);  // k values per step
     k.steps = (k.kp + kstep - 1) / kstep;
     k.full_steps = f == TileFormat::kINT8 ? k.kp / 64 : k.steps;
-    k.group_steps = f == TileFormat::kINT4 ? x.w->group / 32 : k.steps;
+    k.group_steps = f == TileFormat::kINT4 || x.scales ? x.w->group / 32 : k.steps;
     k.ngroups = k.steps / k.group_steps;
     k.data = packed_data(x.w);
     k.bstride = block_data_bytes(WeightFormat(x.w->format), k.kp);
@@ -236,7 +247,7 @@ struct TileGemm {
     const int64_t astep = f == TileFormat::kBF16 ? 64 : a_step(f);
     const int64_t bstep = f == TileFormat::kINT4 ? 8 * 64 : kBStepBytes;
     alignas(64) int32_t cbuf[32 * 32];      // C as stored: [16*NS rows][32] 4-byte values
-    alignas(64) float facc[32 * 32];        // kINT4: the fp32 sum over groups
+    alignas(64) float facc[32 * 32];        // kINT4, a scaled decoded format: the fp32 sum over groups
     int64_t as0 = 0, as1 = 0;
     const uint8_t* a0 = a_rows(k, r0, &as0);
     const uint8_t* a1 = NS == 2 ? a_rows(k, r0 + 16, &as1) : nullptr;
@@ -309,9 +320,27 @@ struct TileGemm {
     const TileGemmArgs& x = k.x;
     const int64_t rows = std::min<int64_t>(16 * NS, x.m - r0);
     const bool last = G + 1 == k.ngroups;
-    if (x.fmt == TileFormat::kBF16) {
+    if (x.fmt == TileFormat::kBF16 && !x.scales) {
       for (int64_t r = 0; r < rows; ++r)
         std::memcpy(x.c + (r0 + r) * x.ldc + (b - x.b0) * 16, cbuf + r * 32, kCols * 4);
+      return;
+    }
+    if (x.fmt == TileFormat::kBF16) {  // decoded, scaled per group: f = fma(s, C_G, f) (+ o * xsum), c = f
+      alignas(64) float s[kCols], o[kCols] = {};
+      for (int j = 0; j < NB; ++j) x.scales(x.w, b + j, G, s + 16 * j, o + 16 * j);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* __restrict f = facc + r * 32;
+        const float* __restrict acc = reinterpret_cast<const float*>(cbuf + r * 32);
+        if (G == 0)
+          for (int col = 0; col < kCols; ++col) f[col] = std::fma(s[col], acc[col], 0.f);
+        else
+          for (int col = 0; col < kCols; ++col) f[col] = std::fma(s[col], acc[col], f[col]);
+        if (x.xsum) {
+          const float xs = x.xsum[(r0 + r) * x.xsum_ld + G];
+          for (int col = 0; col < kCols; ++col) f[col] = std::fma(o[col], xs, f[col]);
+        }
+        if (last) std::memcpy(x.c + (r0 + r) * x.ldc + (b - x.b0) * 16, f, kCols * 4);
+      }
       return;
     }
     alignas(64) float s[kCols];  // kINT8: s[n]; kINT4: d[n, G]
@@ -351,6 +380,18 @@ void gemm_bf16_tiles(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda
                      BlockFallback fallback = nullptr) {
   TileGemmArgs x{TileFormat::kBF16, w, reinterpret_cast<const uint8_t*>(a), lda * 2, m, b0, b1, c, ldc};
   x.decode = decode, x.fallback = fallback;
+  TileGemm<T>::run(x);
+}
+
+// A decoded format with a scale per k-group: decode writes each block as kBF16 k-pair rows (it
+// never refuses one), scales gives (block, group)'s s and o, xsum the rows' group sums [m, xsum_ld]
+// (nullptr: no offsets).
+template <class T>
+void gemm_scaled_tiles(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                       int64_t b1, float* c, int64_t ldc, BlockDecoder decode, GroupScales scales,
+                       const float* xsum = nullptr, int64_t xsum_ld = 0) {
+  TileGemmArgs x{TileFormat::kBF16, w, reinterpret_cast<const uint8_t*>(a), lda * 2, m, b0, b1, c, ldc};
+  x.decode = decode, x.scales = scales, x.xsum = xsum, x.xsum_ld = xsum_ld;
   TileGemm<T>::run(x);
 }
 

@@ -1,10 +1,11 @@
 // [NOTE] The amx micro-kernel table: avx512's (AVX-512 F/BW/VL/DQ + BF16 + VNNI) with the
-// prefill gemms on AMX tiles; "auto" picks it where the CPU has AMX (docs/isa.md: bf16 prefill
+// prefill gemms on AMX tiles (all but int4 and grouped int8); "auto" picks it where the CPU has AMX (docs/isa.md: bf16 prefill
 // 1.4-2.5x avx512 at T = 256-512 on a 16-core Xeon, level below).
 //   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
 //   gemm_int_amx.cpp    tdpbsud over per-channel kINT8 k-quads, same rows; grouped kINT8 and kINT4: avx512
 //   gemm_mxfp4_amx.cpp  kMXFP4 decoded per block to bf16 (scales folded in, exact), then as kBF16;
 //                       below the tiles avx512's integer kernel (vpdpwssd, gemm_mxfp4_int16_avx512.cpp)
+//   gemm_decoded_amx.cpp  kFP8 / kINT4A decoded per block to bf16 by avx512's decoders, tiles per k-group
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).
@@ -21,6 +22,10 @@ void gemm_int4(const PackedMatrixHeader* w, const QuantizedRows& a, int64_t m, i
                int64_t b1, float* c, int64_t ldc);
 void gemm_mxfp4(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                 int64_t b1, float* c, int64_t ldc);
+void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+              int64_t b1, float* c, int64_t ldc);
+void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                      int64_t b1, float* c, int64_t ldc);
 }  // namespace amx
 
 const IsaKernels& amx_kernels() {
@@ -32,6 +37,8 @@ const IsaKernels& amx_kernels() {
     t.gemm_int8 = amx::gemm_int8;
     t.gemm_int4 = amx::gemm_int4;
     t.gemm_mxfp4 = amx::gemm_mxfp4;
+    t.gemm_fp8 = amx::gemm_fp8;
+    t.gemm_int4_affine = amx::gemm_int4_affine;
     return t;
   }();
   return table;

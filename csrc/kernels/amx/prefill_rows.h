@@ -32,5 +32,14 @@ inline int64_t prefill_min_rows() {
   return rows;
 }
 
+// kFP8 goes on tiles from 8 rows (or prefill_min_rows(), if more): below, avx512's fp8 decode tiles
+// (weights read once, 3.5 ops per 32 weights) beat decoding whole blocks for the tiles. Reference
+// layer, 2 Xeon threads, avx512 / amx at T = 32: 0.95-0.96x from 4 rows, 0.97-1.00x from 8 or 16;
+// T = 128: 1.24 from 4, 1.34 from 8 (KTMOE_AMX_MIN_ROWS=r python -m benchmarks.micro.bench_amx).
+constexpr int64_t kFp8PrefillMinRows = 8;
+inline int64_t fp8_prefill_min_rows() {
+  return prefill_min_rows() > kFp8PrefillMinRows ? prefill_min_rows() : kFp8PrefillMinRows;
+}
+
 }  // namespace amx
 }  // namespace ktmoe

@@ -144,6 +144,18 @@ struct Fp8Decoder {
 
 }  // namespace
 
+// The amx tiles' view of kFP8 (amx/gemm_decoded_amx.cpp, gemm_amx.h's BlockDecoder / GroupScales):
+// block `block` as kBF16 k-pair rows of e4m3 * 2^-8 (exact; never refused), and (block, g)'s 16
+// scales * 2^8 (no offsets).
+bool fp8_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out) {
+  const Fp8Decoder dec(packed_scales(w), w->kp / w->group);
+  dec.pairs(packed_data(w) + block * fp8_block_data_bytes(w->kp), w->kp / 2, out);
+  return true;
+}
+void fp8_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float*) {
+  _mm512_storeu_ps(s, Fp8Decoder(packed_scales(w), w->kp / w->group).scale(block, g));
+}
+
 // w: kFP8 matrix [np, kp] (+ scales per 16 columns and k-group); a: bf16 rows [m, lda]
 // (kp used, zero padded); c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
 void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,

@@ -57,6 +57,23 @@ void row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, in
 
 }  // namespace
 
+// The amx tiles' view of kINT4A (amx/gemm_decoded_amx.cpp, gemm_amx.h's BlockDecoder / GroupScales):
+// block `block` as kBF16 k-pair rows of its codes q (exact; never refused), (block, g)'s 16 s and
+// o = -(s * z), and the rows' group sums xs [m, kp / group] (row_group_sums).
+bool int4a_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out) {
+  const Int4AffineDecoder dec(packed_scales(w), w->kp / w->group);
+  dec.pairs(packed_data(w) + block * int4a_block_data_bytes(w->kp), w->kp / 2, out);
+  return true;
+}
+void int4a_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o) {
+  const Int4AffineDecoder dec(packed_scales(w), w->kp / w->group);
+  _mm512_storeu_ps(s, dec.scale(block, g));
+  _mm512_storeu_ps(o, dec.offset(block, g));
+}
+void int4a_row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, int64_t ngroups, float* xs) {
+  row_group_sums(a, lda, m, group, ngroups, xs);
+}
+
 // w: kINT4A matrix [np, kp] (+ an (s, z) record per 16 columns and k-group); a: bf16 rows
 // [m, lda] (kp used, zero padded); c: [m, ldc] fp32, columns 0 .. 16*(b1-b0) written.
 void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
