@@ -71,6 +71,16 @@ inline int64_t int4a_packed_row(const PackedMatrixHeader& h, int64_t r) {
   return 2 * kBlockN * (i / kBlockN) + up * kBlockN + i % kBlockN;
 }
 
+// avx512's int16 decode (gemm_nibble_int16_avx512.cpp): entry i is 2·(i % 16), the code doubled (the
+// kernel shares mxfp4's activation scale 2^-(s + 1)).
+struct Int4AffineI16Table {
+  alignas(64) int16_t v[32] = {};
+  constexpr Int4AffineI16Table() {
+    for (int i = 0; i < 32; ++i) v[i] = int16_t(2 * (i % 16));
+  }
+};
+constexpr Int4AffineI16Table kInt4AffineI16;
+
 // Kernels' nibble decode: entry i is the bf16 of i % 16 (a word index's low 5 bits).
 struct Int4AffineBf16Table {
   alignas(64) uint16_t v[32] = {};

@@ -27,4 +27,18 @@ std::vector<Isa> usable_isas() {  // the selection the extension uses (kernels/i
   return out;
 }
 
+std::vector<const IsaKernels*> tables_and_avx512_variant(const std::vector<Isa>& isas, IsaKernels* variant,
+                                                         const char* name, void (*patch)(IsaKernels&)) {
+  std::vector<const IsaKernels*> out;
+  for (const Isa& isa : isas) out.push_back(isa.k);
+  for (const Isa& isa : isas)
+    if (std::string(isa.k->name) == "avx512") {
+      *variant = *isa.k;
+      variant->name = name;
+      patch(*variant);
+      out.push_back(variant);
+    }
+  return out;
+}
+
 }  // namespace ktmoe_test

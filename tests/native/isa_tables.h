@@ -18,4 +18,9 @@ struct Isa {
 // find_isa's reason, for one the CPU lacks or whose table has null entries.
 std::vector<Isa> usable_isas();
 
+// isas' tables, then, where the CPU runs avx512, *variant: a copy of avx512's table named `name` with patch
+// applied (a kernel no table lists but another calls: amx's int16 decode rows), to test it for every M.
+std::vector<const IsaKernels*> tables_and_avx512_variant(const std::vector<Isa>& isas, IsaKernels* variant,
+                                                         const char* name, void (*patch)(IsaKernels&));
+
 }  // namespace ktmoe_test

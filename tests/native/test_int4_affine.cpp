@@ -14,6 +14,11 @@
 #include "kernels/pack_int4_affine.h"
 #include "tests.h"
 
+namespace ktmoe::avx512 {
+void gemm_int4_affine_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                            int64_t b1, float* c, int64_t ldc);
+}  // namespace ktmoe::avx512
+
 namespace ktmoe_test {
 
 using namespace ktmoe;
@@ -292,22 +297,34 @@ void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
   const float sentinel = f32_from_bits(0x7FC12345u);
   double worst = 0;
   bool guards = true, splits = true, m_indep = true, same_as_generic = true;
-  for (int64_t m : {1, 3, 17, 64}) {
+  for (int64_t m : {1, 2, 3, 17, 64, 67}) {  // the int16 kernel: row tiles of 4, then 3, 2 or 1, chunks of 64
     const int64_t lda = kp + 16;
     std::vector<uint16_t> a(size_t(m * lda), 0);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < k; ++c) a[size_t(r * lda + c)] = ref_bf16(float(rng.gauss()));
+    // the int16 kernel (amx below its tiles, or called directly) rounds each activation by up to 2^-14 of its
+    // block of 32's largest power of two (gemm_nibble_int16_avx512.cpp): that term is added to its bound
+    const bool int16 = std::string(isa.name).find("int16") != std::string::npos ||
+                       (std::string(isa.name) == "amx" && m < amx::prefill_min_rows());
     std::vector<double> ref(size_t(m * np)), tol(size_t(m * np));
     for (int64_t r = 0; r < m; ++r)
       for (int64_t pr = 0; pr < np; ++pr) {
-        double sum = 0, sx = 0;
+        double sum = 0, sx = 0, act = 0;
         for (int64_t c = 0; c < kp; ++c) {
           const double x = double(bf16_value(a[size_t(r * lda + c)]));
           sum += x * wv[size_t(pr * kp + c)];
           sx += std::fabs(x);
+          if (int16) {
+            double block_max = 0;
+            for (int64_t i = c / 32 * 32; i < c / 32 * 32 + 32; ++i)
+              block_max = std::max(block_max, std::fabs(double(bf16_value(a[size_t(r * lda + i)]))));
+            int e2 = 0;
+            std::frexp(block_max, &e2);
+            act += block_max > 0 ? std::fabs(wv[size_t(pr * kp + c)]) * std::ldexp(1.0, e2 - 1 - 14) : 0;
+          }
         }
         // fp32 rounding of Σ a·q (|q| <= 15), Σ a and the two scaled terms (|s·z| <= 16 |s|)
-        ref[size_t(r * np + pr)] = sum, tol[size_t(r * np + pr)] = (2.0 * kp + 8) * 0x1.0p-24 * smax[size_t(pr)] * sx + 1e-30;
+        ref[size_t(r * np + pr)] = sum, tol[size_t(r * np + pr)] = (2.0 * kp + 8) * 0x1.0p-24 * smax[size_t(pr)] * sx + act + 1e-30;
       }
     std::vector<std::pair<int64_t, int64_t>> ranges = {{0, nb}, {nb - 1, nb}};
     if (nb > 2) ranges.push_back({1, nb - 1});
@@ -348,7 +365,7 @@ void test_int4a_gemm(const IsaKernels& isa, const IsaKernels& generic, MatrixRol
     }
   }
   CHECK(worst <= 1.0 && guards && splits && m_indep && same_as_generic,
-        strf("gemm_int4_affine [%s] %s n=%lld k=%lld group=%d zeros=%d M={1,3,17,64}: max err/tol %.3f vs the "
+        strf("gemm_int4_affine [%s] %s n=%lld k=%lld group=%d zeros=%d M={1,2,3,17,64,67}: max err/tol %.3f vs the "
              "dequantized reference, guards %s, block splits %s, rows alone (below amx's tiles) %s%s",
              isa.name, role_name(role), (long long)n, (long long)k, h.group, int(zeros), worst,
              guards ? "intact" : "OVERWRITTEN", splits ? "bit-identical" : "DIFFER", m_indep ? "bit-identical" : "DIFFER",
@@ -371,9 +388,12 @@ void test_int4_affine(const std::vector<Isa>& isas, Rng& rng) {
   for (const Shape& s : shapes) test_int4a_dense_pack(s.role, s.n, s.k, s.group, rng);
   test_int4a_pack_errors();
   const IsaKernels& generic = *isas.front().k;
-  for (const Isa& isa : isas) {
-    test_int4a_gemm_one_hot(*isa.k);
-    for (const Shape& s : shapes) test_int4a_gemm(*isa.k, generic, s.role, s.n, s.k, s.group, s.zeros, rng);
+  IsaKernels int16 = {};  // avx512's int16 kernel for every M (amx uses it below its tiles)
+  for (const IsaKernels* isa :
+       tables_and_avx512_variant(isas, &int16, "avx512 gemm_int4_affine_int16",
+                                 [](IsaKernels& t) { t.gemm_int4_affine = avx512::gemm_int4_affine_int16; })) {
+    test_int4a_gemm_one_hot(*isa);
+    for (const Shape& s : shapes) test_int4a_gemm(*isa, generic, s.role, s.n, s.k, s.group, s.zeros, rng);
   }
   for (const Shape& s : shapes) {  // the amx tiles' decode and epilogue (test_amx_scaled.cpp)
     const PackedMatrixHeader h = packed_matrix_header(WeightFormat::kINT4A, s.role, s.n, s.k, s.group);

@@ -473,17 +473,9 @@ void test_mxfp4(const std::vector<Isa>& isas, Rng& rng) {
   test_mxfp4_values();
   for (const auto& [role, n, k, group] : shapes) test_mxfp4_pack(role, n, k, group, rng);
   test_mxfp4_pack_errors();
-  std::vector<const IsaKernels*> tables;
-  for (const Isa& isa : isas) tables.push_back(isa.k);
-  IsaKernels int16 = {};  // avx512's integer kernel for every M, where the CPU runs avx512 (amx uses it below its tiles)
-  for (const Isa& isa : isas)
-    if (std::string(isa.k->name) == "avx512") {
-      int16 = *isa.k;
-      int16.name = "avx512 gemm_mxfp4_int16";
-      int16.gemm_mxfp4 = avx512::gemm_mxfp4_int16;
-      tables.push_back(&int16);
-    }
-  for (const IsaKernels* isa : tables) {
+  IsaKernels int16 = {};  // avx512's integer kernel for every M (amx uses it below its tiles)
+  for (const IsaKernels* isa : tables_and_avx512_variant(isas, &int16, "avx512 gemm_mxfp4_int16",
+                                                         [](IsaKernels& t) { t.gemm_mxfp4 = avx512::gemm_mxfp4_int16; })) {
     test_mxfp4_gemm_edges(*isa);
     test_mxfp4_gemm_activations(*isa, *isas.front().k, rng);
     for (const auto& [role, n, k, group] : shapes) test_mxfp4_gemm(*isa, *isas.front().k, role, n, k, group, rng);

@@ -1,6 +1,6 @@
 // [NOTE] amx gemm_fp8 / gemm_int4_affine: the exact checkpoint formats with a scale per k-group on
-// tdpbf16ps tiles for prefill rows (m >= prefill_min_rows(); fp8: fp8_prefill_min_rows(), 8),
-// avx512's kernels below them.
+// tdpbf16ps tiles for prefill rows (m >= prefill_min_rows(); fp8: fp8_prefill_min_rows(), 8); below
+// them avx512's fp8 kernel, and int4_affine's int16 one (gemm_nibble_int16_avx512.cpp: vpdpwssd).
 //
 // Each block of the call is decoded once, by avx512's own decoders, to kBF16's k-pair rows (an L2
 // buffer of kp * 32 bytes): kFP8's e4m3 * 2^-8 and kINT4A's codes q are exact bf16 values (normal
@@ -31,6 +31,8 @@ void fp8_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, flo
 bool int4a_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
 void int4a_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
 void int4a_row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, int64_t ngroups, float* xs);
+void gemm_int4_affine_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
+                            int64_t b1, float* c, int64_t ldc);
 }  // namespace avx512
 
 namespace amx {
@@ -46,7 +48,7 @@ void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64
 // w: kINT4A matrix [np, kp]; a, c as gemm_fp8.
 void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                       int64_t b1, float* c, int64_t ldc) {
-  if (m < prefill_min_rows()) return avx512::gemm_int4_affine(w, a, lda, m, b0, b1, c, ldc);
+  if (m < prefill_min_rows()) return avx512::gemm_int4_affine_int16(w, a, lda, m, b0, b1, c, ldc);
   if (b1 <= b0) return;
   const int64_t ngroups = w->kp / w->group;
   static thread_local avx512::Scratch buf;

@@ -1,5 +1,5 @@
 // [NOTE] amx gemm_mxfp4: kMXFP4 on tdpbf16ps tiles for prefill rows (m >= prefill_min_rows()),
-// below them avx512's integer kernel (gemm_mxfp4_int16_avx512.cpp: vpdpwssd, since vdpbf16ps
+// below them avx512's integer kernel (gemm_nibble_int16_avx512.cpp: vpdpwssd, since vdpbf16ps
 // costs these cores 2 cycles of the decode's port; generic's bits). An MXFP4 weight e2m1(q) * 2^(e - 127) is exactly a bf16 (2
 // significant bits), so each block is decoded once per call, scales folded in, to the kBF16
 // k-pair rows (an L2 buffer of kp * 32 bytes) and the tiles run as for kBF16 (gemm_amx.h's

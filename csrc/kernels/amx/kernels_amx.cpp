@@ -4,8 +4,9 @@
 //   gemm_bf16_amx.cpp   tdpbf16ps over the kBF16 pair layout, m >= prefill_min_rows()
 //   gemm_int_amx.cpp    tdpbsud over per-channel kINT8 k-quads, same rows; grouped kINT8 and kINT4: avx512
 //   gemm_mxfp4_amx.cpp  kMXFP4 decoded per block to bf16 (scales folded in, exact), then as kBF16;
-//                       below the tiles avx512's integer kernel (vpdpwssd, gemm_mxfp4_int16_avx512.cpp)
-//   gemm_decoded_amx.cpp  kFP8 / kINT4A decoded per block to bf16 by avx512's decoders, tiles per k-group
+//                       below the tiles avx512's integer kernel (vpdpwssd, gemm_nibble_int16_avx512.cpp)
+//   gemm_decoded_amx.cpp  kFP8 / kINT4A decoded per block to bf16 by avx512's decoders, tiles per k-group;
+//                       below the tiles kINT4A runs the int16 kernel too
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).

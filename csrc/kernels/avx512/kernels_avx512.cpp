@@ -7,8 +7,8 @@
 //   gemm_int4_affine_avx512.cpp  nibbles decoded to bf16 the same way (kINT4A)
 //   gemm_mxfp4_avx512.cpp  e2m1 nibbles decoded by a 16-entry vpermw LUT (kMXFP4); all three run
 //                          the tile loops of gemm_decoded_avx512.h
-//   gemm_mxfp4_int16_avx512.cpp  kMXFP4 by int16 activations and vpdpwssd (generic's bits): not in
-//                          this table; the amx table's decode rows (kernels_amx.cpp)
+//   gemm_nibble_int16_avx512.cpp  kMXFP4 (generic's bits) and kINT4A by int16 activations and
+//                          vpdpwssd: not in this table; the amx table's decode rows (kernels_amx.cpp)
 //   elementwise_avx512.cpp gated_act, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
 #include "kernels/isa_kernels.h"
