@@ -98,7 +98,7 @@ void test_amx_scaled_tiles(const std::vector<Isa>& isas, const PackedMatrixHeade
     }
   }
   double worst = 0;
-  bool real_same = true;
+  bool real_same = true, specials = true;
   for (int64_t m : {4, 17, 33}) {
     const int64_t lda = kp + 16, ldc = 16 * nb + 3;
     std::vector<uint16_t> a(size_t(m * lda), 0);
@@ -125,19 +125,49 @@ void test_amx_scaled_tiles(const std::vector<Isa>& isas, const PackedMatrixHeade
         const double err = std::fabs(double(emu[size_t(r * ldc + pr)]) - sum);
         worst = std::max(worst, std::isfinite(err) ? err / tol : 1e30);
       }
-    if (tiles && m >= (fp8 ? amx::fp8_prefill_min_rows() : amx::prefill_min_rows())) {
+    const bool on_tiles = tiles && m >= (fp8 ? amx::fp8_prefill_min_rows() : amx::prefill_min_rows());
+    if (on_tiles) {
       std::vector<float> real(size_t(m * ldc), 0.f);
       (fp8 ? tiles->gemm_fp8 : tiles->gemm_int4_affine)(hw, a.data(), lda, m, 0, nb, real.data(), ldc);
       for (int64_t r = 0; r < m; ++r)
         real_same = real_same && !std::memcmp(&real[size_t(r * ldc)], &emu[size_t(r * ldc)], size_t(np) * 4);
     }
+    if (m == 17) {  // a NaN in row 3 and an Inf in row 7: those rows' outputs not finite, every other row's bits kept
+      std::vector<uint16_t> bad = a;
+      bad[size_t(3 * lda + 5)] = 0x7FC1, bad[size_t(7 * lda + hw->k - 1)] = 0x7F80;
+      auto rows_ok = [&](const std::vector<float>& got) {
+        bool ok = true;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t pr = 0; pr < np; ++pr) {
+            const float v = got[size_t(r * ldc + pr)];
+            ok = ok && (r == 3 || r == 7 ? !std::isfinite(v) : f32_bits(v) == f32_bits(emu[size_t(r * ldc + pr)]));
+          }
+        return ok;
+      };
+      std::vector<float> xs_bad(size_t(m * ng), 0.f), c(size_t(m * ldc), 0.f);
+      if (vec512 && !fp8) {
+        avx512::int4a_row_group_sums(bad.data(), lda, m, hw->group, ng, xs_bad.data());
+      } else {
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t k = 0; k < kp; ++k) xs_bad[size_t(r * ng + k / hw->group)] += bf16_value(bad[size_t(r * lda + k)]);
+      }
+      amx::gemm_scaled_tiles<amx::EmulatedTileOps>(hw, bad.data(), lda, m, 0, nb, c.data(), ldc, portable,
+                                                   portable_scales, fp8 ? nullptr : xs_bad.data(), ng);
+      specials = specials && rows_ok(c);
+      if (on_tiles) {
+        (fp8 ? tiles->gemm_fp8 : tiles->gemm_int4_affine)(hw, bad.data(), lda, m, 0, nb, c.data(), ldc);
+        specials = specials && rows_ok(c);
+      }
+    }
   }
-  CHECK(worst <= 1.0 && same_decode && real_same,
+  CHECK(worst <= 1.0 && same_decode && real_same && specials,
         strf("amx %s tiles n=%d k=%d group=%d M={4,17,33}: emulated over the portable decode within bound of the "
-             "dequantized weights (max err/tol %.3f); avx512's decoders and scales %s; real tiles %s",
+             "dequantized weights (max err/tol %.3f); avx512's decoders and scales %s; real tiles %s; a NaN row and "
+             "an Inf row not finite, the other rows' bits kept: %s",
              fp8 ? "gemm_fp8" : "gemm_int4_affine", hw->n, hw->k, hw->group, worst,
              vec512 ? (same_decode ? "= the portable ones" : "DIFFER") : "(no AVX-512 here)",
-             tiles ? (real_same ? "= the emulator's bits" : "DIFFER from the emulator") : "(no AMX here)"));
+             tiles ? (real_same ? "= the emulator's bits" : "DIFFER from the emulator") : "(no AMX here)",
+             specials ? "yes" : "NO"));
 }
 
 }  // namespace ktmoe_test
