@@ -1,6 +1,6 @@
 """DeepSeek-V4's FP4 experts (``expert_dtype="fp4"``): per expert ``ffn.experts.{e}.w1/w2/w3.weight`` int8 [n, k/2]
-or safetensors F4 (float4_e2m1fn_x2, header shape [n, k]) (two e2m1 codes per byte, the low nibble first) with a UE8M0 scale [n, k/32] (``.scale``, as DeepSeek-V4 ships it,
-or ``.weight_scale_inv``, as transformers names it; float8_e8m0fnu or fp32 powers of two) -- the layout of
+or safetensors F4 (float4_e2m1fn_x2, header shape [n, k]), two e2m1 codes per byte, the low nibble first, with a
+UE8M0 scale [n, k/32] (``.scale``, as DeepSeek-V4 ships it, or ``.weight_scale_inv``, as transformers names it; float8_e8m0fnu or fp32 powers of two) -- the layout of
 transformers 5.25's FP8Experts(expert_dtype="fp4") and Fp8Dequantize._unpack_fp4. hf.from_pretrained dequantizes
 them (exact in bf16) by default and packs their codes and scales as they are with weight_format="mxfp4"; a tiny
 DeepSeek-V4 streamed from such a checkpoint generates like the model holding the dequantized weights."""

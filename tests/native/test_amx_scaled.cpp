@@ -12,17 +12,10 @@
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_emulated.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/fp8_format.h"
 #include "kernels/int4_affine_format.h"
 #include "tests.h"
-
-namespace ktmoe::avx512 {
-bool fp8_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
-void fp8_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
-bool int4a_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
-void int4a_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
-void int4a_row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, int64_t ngroups, float* xs);
-}  // namespace ktmoe::avx512
 
 namespace ktmoe_test {
 
@@ -104,13 +97,18 @@ void test_amx_scaled_tiles(const std::vector<Isa>& isas, const PackedMatrixHeade
     std::vector<uint16_t> a(size_t(m * lda), 0);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < hw->k; ++c) a[size_t(r * lda + c)] = ref_bf16(float(rng.gauss()));
-    std::vector<float> xs(size_t(m * ng), 0.f);  // the rows' group sums: avx512's where the real tiles use them
-    if (vec512 && !fp8) {
-      avx512::int4a_row_group_sums(a.data(), lda, m, hw->group, ng, xs.data());
-    } else {
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < kp; ++c) xs[size_t(r * ng + c / hw->group)] += bf16_value(a[size_t(r * lda + c)]);
-    }
+    // the group sums of rows [m, lda]: avx512's where the real tiles use them, else summed here
+    const auto group_sums = [&](const std::vector<uint16_t>& rows) {
+      std::vector<float> xs(size_t(m * ng), 0.f);
+      if (vec512 && !fp8) {
+        avx512::int4a_row_group_sums(rows.data(), lda, m, hw->group, ng, xs.data());
+      } else {
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < kp; ++c) xs[size_t(r * ng + c / hw->group)] += bf16_value(rows[size_t(r * lda + c)]);
+      }
+      return xs;
+    };
+    const std::vector<float> xs = group_sums(a);
     std::vector<float> emu(size_t(m * ldc), 0.f);
     amx::gemm_scaled_tiles<amx::EmulatedTileOps>(hw, a.data(), lda, m, 0, nb, emu.data(), ldc, portable,
                                                  portable_scales, fp8 ? nullptr : xs.data(), ng);
@@ -144,13 +142,8 @@ void test_amx_scaled_tiles(const std::vector<Isa>& isas, const PackedMatrixHeade
           }
         return ok;
       };
-      std::vector<float> xs_bad(size_t(m * ng), 0.f), c(size_t(m * ldc), 0.f);
-      if (vec512 && !fp8) {
-        avx512::int4a_row_group_sums(bad.data(), lda, m, hw->group, ng, xs_bad.data());
-      } else {
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t k = 0; k < kp; ++k) xs_bad[size_t(r * ng + k / hw->group)] += bf16_value(bad[size_t(r * lda + k)]);
-      }
+      const std::vector<float> xs_bad = group_sums(bad);
+      std::vector<float> c(size_t(m * ldc), 0.f);
       amx::gemm_scaled_tiles<amx::EmulatedTileOps>(hw, bad.data(), lda, m, 0, nb, c.data(), ldc, portable,
                                                    portable_scales, fp8 ? nullptr : xs_bad.data(), ng);
       specials = specials && rows_ok(c);

@@ -10,14 +10,10 @@
 
 #include "check.h"
 #include "kernels/amx/prefill_rows.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/pack.h"
 #include "kernels/pack_int4_affine.h"
 #include "tests.h"
-
-namespace ktmoe::avx512 {
-void gemm_int4_affine_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-                            int64_t b1, float* c, int64_t ldc);
-}  // namespace ktmoe::avx512
 
 namespace ktmoe_test {
 

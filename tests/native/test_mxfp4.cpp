@@ -17,15 +17,11 @@
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_emulated.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/pack.h"
 #include "kernels/pack_mxfp4.h"
 #include "packed_reference.h"
 #include "tests.h"
-
-namespace ktmoe::avx512 {
-void gemm_mxfp4_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-                      int64_t b1, float* c, int64_t ldc);
-}  // namespace ktmoe::avx512
 
 namespace ktmoe_test {
 

@@ -20,19 +20,13 @@
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/avx512/avx512_common.h"
 #include "kernels/isa_kernels.h"
 
 namespace ktmoe {
 namespace avx512 {
 KTMOE_DECLARE_ISA_ENTRY_POINTS();
-bool fp8_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
-void fp8_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
-bool int4a_block_to_bf16(const PackedMatrixHeader* w, int64_t block, uint8_t* out);
-void int4a_group_scales(const PackedMatrixHeader* w, int64_t block, int64_t g, float* s, float* o);
-void int4a_row_group_sums(const uint16_t* a, int64_t lda, int64_t m, int64_t group, int64_t ngroups, float* xs);
-void gemm_int4_affine_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-                            int64_t b1, float* c, int64_t ldc);
 }  // namespace avx512
 
 namespace amx {

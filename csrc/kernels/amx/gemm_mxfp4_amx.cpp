@@ -21,14 +21,13 @@
 #include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/isa_kernels.h"
 #include "kernels/mxfp4_format.h"
 
 namespace ktmoe {
 namespace avx512 {
 KTMOE_DECLARE_ISA_ENTRY_POINTS();
-void gemm_mxfp4_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
-                      int64_t b1, float* c, int64_t ldc);
 }  // namespace avx512
 
 namespace amx {

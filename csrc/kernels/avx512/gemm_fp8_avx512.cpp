@@ -49,6 +49,7 @@
 // prefill decode, m = 3..12 took 2-2.8 ms.)
 #include <immintrin.h>
 
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/avx512/gemm_decoded_avx512.h"
 #include "kernels/fp8_format.h"
 #include "kernels/isa_kernels.h"

@@ -20,6 +20,7 @@
 // (512 KiB in L2) 18.7 us either way: this kernel is bound by its ops at ~26 GB/s.
 #include <immintrin.h>
 
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/avx512/gemm_decoded_avx512.h"
 #include "kernels/int4_affine_format.h"
 #include "kernels/isa_kernels.h"

@@ -38,6 +38,7 @@
 
 #include <algorithm>
 
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/avx512/avx512_common.h"
 #include "kernels/int4_affine_format.h"
 #include "kernels/isa_kernels.h"
