@@ -2,7 +2,7 @@
 
     python -m benchmarks.baselines.disk_roof FILE... [--max-gib 2] [--limit-mib N]
 
-Three read patterns, each after the files' pages were dropped from the page cache (``POSIX_FADV_DONTNEED`` per
+Four read patterns, each after the files' pages were dropped from the page cache (``POSIX_FADV_DONTNEED`` per
 file by default: clean pages that no process maps go; a benchmark that is root may pass a global drop instead):
 
 * ``buffered_1``: one buffered sequential stream of 1 MiB ``pread`` s (what page faults plus the kernel's
@@ -10,11 +10,16 @@ file by default: clean pages that no process maps go; a benchmark that is root m
 * ``direct_1``: ``O_DIRECT``, one stream of 4 MiB requests (the device without the page cache; None where the
   file system refuses ``O_DIRECT``, e.g. tmpfs);
 * ``buffered_8``: buffered 1 MiB ``pread`` s from 8 threads, each streaming its own eighth of the bytes (the
-  queue depth a reader pool can keep).
+  queue depth a reader pool can keep);
+* ``runs_8``: the same bytes cut into runs of ``run_bytes`` (a routed expert's packed rows: one contiguous run
+  each) read in a shuffled order, buffered 1 MiB ``pread`` s from 8 threads, ``POSIX_FADV_RANDOM`` so that a run
+  reads its bytes only: the best a decode can get, which reads whichever experts the router picks.
 
 Each reads the same first ``max_bytes`` of the files (in the order given) and returns GB/s (1e9 bytes per
 second); ``best`` is the highest. :func:`disk_rates` turns a run's bytes read and seconds into the figures the
-benchmarks print beside it (achieved GB/s, % of ``best``).
+benchmarks print beside it (achieved GB/s, % of ``best``, % of ``runs_8``). :func:`disk_busy_ms` reads the
+device's busy time (``io_ticks``), so a benchmark can say for what share of its decode the disk had a request
+in flight.
 
 :func:`limited_rate` is the same ``buffered_8`` read by a child process inside a fresh memory cgroup of a
 benchmark's limit, timed once the cgroup is full: every page read then first reclaims one (the reader's own
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +40,8 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 MiB = 1 << 20
 GB = 1e9
-PATTERNS = ("buffered_1", "direct_1", "buffered_8")
+PATTERNS = ("buffered_1", "direct_1", "buffered_8", "runs_8")
+RUN_BYTES = 2 * MiB  # runs_8's default run: about an expert's gate/up rows on the reference shapes
 
 Range = Tuple[str, int, int]  # (path, offset, length)
 
@@ -81,14 +88,27 @@ def split_ranges(ranges: List[Range], parts: int) -> List[List[Range]]:
     return pieces
 
 
-def _read_ranges(ranges: List[Range], request: int, direct: bool) -> int:
-    """Reads ``ranges`` front to back in ``request``-byte preads; the bytes read."""
+def shuffled_runs(ranges: List[Range], run_bytes: int, seed: int = 0) -> List[Range]:
+    """``ranges`` cut into runs of ``run_bytes`` (the last of each range shorter), in a seeded random order:
+    every byte once."""
+    if run_bytes <= 0:
+        raise ValueError(f"run_bytes must be > 0, got {run_bytes}")
+    runs = [(path, o, min(run_bytes, off + n - o)) for path, off, n in ranges for o in range(off, off + n, run_bytes)]
+    random.Random(seed).shuffle(runs)
+    return runs
+
+
+def _read_ranges(ranges: List[Range], request: int, direct: bool, no_readahead: bool = False) -> int:
+    """Reads ``ranges`` front to back in ``request``-byte preads (``no_readahead``: ``POSIX_FADV_RANDOM`` on
+    each descriptor, so nothing past a range is read); the bytes read."""
     buf = mmap.mmap(-1, request)  # page-aligned: what O_DIRECT needs
     view, done = memoryview(buf), 0
     try:
         for path, off, n in ranges:
             fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
             try:
+                if no_readahead:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 end = off + n
                 if direct:  # O_DIRECT: aligned offsets and lengths
                     off -= off % 4096
@@ -115,7 +135,7 @@ def _timed(fn: Callable[[], int]) -> Tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def measure(ranges: List[Range], pattern: str) -> Optional[float]:
+def measure(ranges: List[Range], pattern: str, run_bytes: int = RUN_BYTES) -> Optional[float]:
     """GB/s of one pattern over ``ranges`` (page cache not dropped here); None when O_DIRECT is refused."""
     if pattern == "buffered_1":
         n, s = _timed(lambda: _read_ranges(ranges, MiB, False))
@@ -128,15 +148,20 @@ def measure(ranges: List[Range], pattern: str) -> Optional[float]:
         pieces = split_ranges(ranges, 8)
         with ThreadPoolExecutor(len(pieces)) as pool:
             n, s = _timed(lambda: sum(pool.map(lambda p: _read_ranges(p, MiB, False), pieces)))
+    elif pattern == "runs_8":
+        runs = shuffled_runs(ranges, run_bytes)
+        with ThreadPoolExecutor(8) as pool:
+            n, s = _timed(lambda: sum(pool.map(lambda i: _read_ranges(runs[i::8], MiB, False, True), range(8))))
     else:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     return n / s / GB if s > 0 else None
 
 
 def disk_roof(paths: Sequence[str], max_bytes: int = 2 << 30,
-              drop: Optional[Callable[[Sequence[str]], None]] = None) -> dict:
-    """The three patterns over the first ``max_bytes`` of ``paths``, each after ``drop(paths)`` (default
-    :func:`drop_file_pages`): ``{pattern: GB/s or None, "best": GB/s, "bytes": bytes read per pattern}``."""
+              drop: Optional[Callable[[Sequence[str]], None]] = None, run_bytes: int = RUN_BYTES) -> dict:
+    """The patterns over the first ``max_bytes`` of ``paths``, each after ``drop(paths)`` (default
+    :func:`drop_file_pages`; ``runs_8`` in runs of ``run_bytes``): ``{pattern: GB/s or None, "best": GB/s,
+    "bytes": bytes read per pattern, "run_bytes": run_bytes}``."""
     paths = list(paths)
     if not paths:
         raise ValueError("disk_roof: no files given")
@@ -145,10 +170,11 @@ def disk_roof(paths: Sequence[str], max_bytes: int = 2 << 30,
     roof = {}
     for pattern in PATTERNS:
         drop(paths)
-        roof[pattern] = measure(ranges, pattern)
+        roof[pattern] = measure(ranges, pattern, run_bytes)
     drop(paths)
     roof["best"] = max(v for v in roof.values() if v is not None)
     roof["bytes"] = sum(n for _, _, n in ranges)
+    roof["run_bytes"] = run_bytes
     return roof
 
 
@@ -197,16 +223,37 @@ def limited_rate(paths: Sequence[str], limit_bytes: int, max_bytes: int = 2 << 3
 
 
 def disk_rates(read_bytes: float, seconds: float, roof: Optional[dict]) -> dict:
-    """A run's achieved disk rate (``read_bytes`` over ``seconds``), its share of ``roof["best"]`` and of
-    ``roof["limited"]`` (the best under the run's memory limit, :func:`limited_rate`) where the roof has it."""
+    """A run's achieved disk rate (``read_bytes`` over ``seconds``), its share of ``roof["best"]``, of
+    ``roof["runs_8"]`` (runs in random order) and of ``roof["limited"]`` (the best under the run's memory limit,
+    :func:`limited_rate`) where the roof has them."""
     rate = read_bytes / seconds / GB if seconds > 0 else None
     share = lambda key: 100 * rate / roof[key] if rate is not None and roof and roof.get(key) else None  # noqa: E731
-    return dict(GBps=rate, pct_of_roof=share("best"), pct_of_limited=share("limited"))
+    return dict(GBps=rate, pct_of_roof=share("best"), pct_of_runs=share("runs_8"), pct_of_limited=share("limited"))
+
+
+def _block_stat(path: str) -> Optional[str]:
+    """/sys's stat file of the block device (or partition) holding ``path``; None where there is none (tmpfs,
+    overlayfs: device major 0)."""
+    dev = os.stat(path).st_dev
+    stat = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+    return stat if os.major(dev) != 0 and os.path.exists(stat) else None
+
+
+def disk_busy_ms(path: str) -> Optional[int]:
+    """Milliseconds the device holding ``path`` has had at least one request in flight since boot (``io_ticks``,
+    the 10th field of its /sys stat: every process's requests, not only this one's); None where unknown."""
+    stat = _block_stat(path)
+    if stat is None:
+        return None
+    with open(stat) as f:
+        return int(f.read().split()[9])
 
 
 def roof_line(roof: dict) -> str:
-    """One line for a benchmark's output: the three rates and the best (and the best under a limit, if any)."""
+    """One line for a benchmark's output: the rates and the best (and the best under a limit, if any)."""
     parts = [f"{p} {roof[p]:.2f}" if roof.get(p) is not None else f"{p} -" for p in PATTERNS]
+    if "run_bytes" in roof:
+        parts[-1] += f" ({roof['run_bytes'] / MiB:.1f} MiB runs, random order)"
     limited = (f"; buffered_8 under the {roof['limit_bytes'] / MiB:.0f} MiB limit, cgroup full, "
                f"{roof['limited']:.2f}") if roof.get("limited") else ""
     return (f"disk roof over {roof['bytes'] / GB:.2f} GB, page cache dropped before each (GB/s): "
@@ -217,9 +264,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--max-gib", type=float, default=2.0, help="bytes read per pattern")
+    ap.add_argument("--run-mib", type=float, default=RUN_BYTES / MiB, help="runs_8's run length")
     ap.add_argument("--limit-mib", type=int, default=0, help="also buffered_8 in a full memory cgroup of this size")
     args = ap.parse_args(argv)
-    roof = disk_roof(args.files, int(args.max_gib * (1 << 30)))
+    roof = disk_roof(args.files, int(args.max_gib * (1 << 30)), run_bytes=int(args.run_mib * MiB))
     if args.limit_mib:
         roof.update(limit_bytes=args.limit_mib * MiB,
                     limited=limited_rate(args.files, args.limit_mib * MiB, int(args.max_gib * (1 << 30))))

@@ -15,10 +15,13 @@ inside a fresh ``--limit-mib`` memory cgroup (page cache charged there too), the
 the experts do not fit), decodes ``--warmup`` then ``--tokens`` tokens (T=1) and reports, over the
 measured tokens: tok/s, the disk rate while the layers waited on it (``residency_report``: read_bytes / the
 forwards-with-misses' time) and over the whole decode (``/proc/self/io`` read_bytes / decode time), each as %
-of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files and as % of the best rate under
-the same memory limit (``disk_roof.limited_rate``: 8 buffered streams in a full cgroup of ``--limit-mib``, where
-each page read first reclaims one), bytes read and major faults per token, the routed experts' hit rate and the
-predictor's recall.
+of the best rate of :mod:`benchmarks.baselines.disk_roof` over the same files, as % of its ``runs_8`` (the same
+bytes as runs of one expert's packed rows in random order: what a decode, which reads whichever experts are
+routed, can get at best) and as % of the best rate under the same memory limit (``disk_roof.limited_rate``: 8
+buffered streams in a full cgroup of ``--limit-mib``, where each page read first reclaims one), the share of the
+decode with the disk busy (``disk_roof.disk_busy_ms``: the device's, so the host must be otherwise idle), the
+process's CPU time over the decode (% of one core: near 100 x ``--threads``, the compute sets the pace, not the
+disk), bytes read and major faults per token, the routed experts' hit rate and the predictor's recall.
 
 ``--prefill T``: instead of decoding, each child runs one forward of T tokens through the stack from the cold
 page cache (the prefill of a long prompt: T·k >> E touches every expert of every layer) and reports its time,
@@ -33,7 +36,7 @@ import shutil
 import sys
 import tempfile
 
-from benchmarks.baselines.disk_roof import disk_rates, disk_roof, limited_rate, roof_line
+from benchmarks.baselines.disk_roof import disk_busy_ms, disk_rates, disk_roof, limited_rate, roof_line
 from ktmoe_harness.memcg import run_in_memory_cgroup
 
 MiB = 1 << 20
@@ -146,13 +149,16 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
     for _ in range(int(warmup)):
         token()
     torch_ktmoe.residency_report(model, reset=True)
+    busy0, cpu0 = disk_busy_ms(directory), time.process_time()
     read0, faults0, t0 = process_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, time.perf_counter()
     n = int(tokens)
     for _ in range(n):
         token()
     seconds = time.perf_counter() - t0
+    busy1, cpu_pct = disk_busy_ms(directory), 100 * (time.process_time() - cpu0) / seconds
     r = torch_ktmoe.residency_report(model)
     json.dump(dict(tok_s=n / seconds, decode_s=seconds, read_bytes=process_read_bytes() - read0,
+                   disk_busy_pct=None if busy0 is None else (busy1 - busy0) / 10 / seconds, cpu_pct=cpu_pct,
                    major_faults_per_token=(resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0) / n,
                    residency={k: v for k, v in r.items() if k != "per_layer"},
                    prefetching=all(m.prefetching for m in layers),
@@ -161,9 +167,10 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
 
 
 def rate_cell(rate: dict) -> str:
-    """GB/s (% of the best rate, % of the best under the limit)."""
+    """GB/s (% of the best rate, of the random runs' rate, of the best under the limit)."""
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    return f"{fmt(rate['GBps'], '.2f')} ({fmt(rate['pct_of_roof'], '.0f')} %, {fmt(rate['pct_of_limited'], '.0f')} %)"
+    return (f"{fmt(rate['GBps'], '.2f')} ({fmt(rate['pct_of_roof'], '.0f')} %, {fmt(rate['pct_of_runs'], '.0f')} %, "
+            f"{fmt(rate['pct_of_limited'], '.0f')} %)")
 
 
 def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
@@ -176,13 +183,14 @@ def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     if "tok_s" not in res:
-        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | "
+        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | | | "
                 f"{load:.1f} |")
     r = res["residency"]
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
     overall = disk_rates(res["read_bytes"], res["decode_s"], roof)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | {rate_cell(waiting)} | {rate_cell(overall)} | "
+            f"{fmt(res.get('disk_busy_pct'), '.0f')} | {res['cpu_pct']:.0f} | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
             f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
             f"{res['next_layer_prefetching']} | {load:.1f} |")
@@ -218,7 +226,8 @@ def main(argv=None) -> int:
     try:
         files = pack(work, args.layers, dims, args.threads)
         packed = sum(os.path.getsize(f) for f in files)
-        roof = disk_roof(files, int(args.roof_gib * (1 << 30)))
+        run_bytes = packed // (args.layers * args.experts * 2)  # an expert's packed rows: gate/up or down
+        roof = disk_roof(files, int(args.roof_gib * (1 << 30)), run_bytes=run_bytes)
         roof.update(limit_bytes=args.limit_mib * MiB,
                     limited=limited_rate(files, args.limit_mib * MiB, int(args.roof_gib * (1 << 30))))
         from benchmarks.baselines.disk_roof import drop_file_pages
@@ -262,7 +271,8 @@ def main(argv=None) -> int:
                   f"memory cgroup, page cache dropped first; one forward of {args.prefill} tokens, {args.threads} "
                   "threads")
             print(roof_line(roof) + f"; the stack's bytes at the best rate: {packed / roof['best'] / 1e9:.2f} s\n")
-            print("| routing | next-layer | prefill s | GB read | disk GB/s over the forward (% of best, of best under the limit) | "
+            print("| routing | next-layer | prefill s | GB read | disk GB/s over the forward (% of best, of random "
+                  "runs, of best under the limit) | "
                   "next-layer on | load avg |")
             print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
             for routing, res in results:
@@ -273,12 +283,12 @@ def main(argv=None) -> int:
               f"memory cgroup, page cache dropped first; {args.tokens} tokens after {args.warmup}, "
               f"{args.threads} threads")
         print(roof_line(roof) + "\n")
-        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of best under the limit) | "
-              "disk GB/s over decode (% of best, of best under the limit) | "
+        print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of random runs, of best under the "
+              "limit) | disk GB/s over decode (same) | disk busy, % of decode | process CPU, % of a core | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or args.top_k}) | "
               "prefetch / next-layer | "
               "load avg |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
         for routing, res in results:
             print(row(routing, res, roof, args.tokens, res["load"]))
         return 0

@@ -20,7 +20,8 @@ measured tokens: tok/s median and min, major faults per measured token, time to 
 process start (cold page cache); for ours also the disk figures of the measured tokens: MB read per
 token (/proc/self/io), the disk rate while the layers waited on it and over the decode, each as % of the
 disk roof (benchmarks/baselines/disk_roof.py: the best of one buffered stream, O_DIRECT 4 MiB requests and
-8 buffered streams over the model's own files, measured once per model in the same run), the routed
+8 buffered streams over the model's own files, measured once per model in the same run) and of its rate for
+the same bytes as 2 MiB runs in random order (what reading routed experts can get at best), the routed
 experts' hit rate and the next-layer predictor's recall (torch_ktmoe.residency_report). Plus: anonymous
 experts (no mmap_experts_dir) under each limit.
 
@@ -41,7 +42,7 @@ import time
 import numpy as np
 
 from benchmarks import ROOT
-from benchmarks.baselines.disk_roof import disk_roof, roof_line
+from benchmarks.baselines.disk_roof import disk_rates, disk_roof, roof_line
 from benchmarks.cli import add_out_argument, write_result
 from benchmarks.model.scale import common as C
 from benchmarks.model.scale import models
@@ -151,10 +152,12 @@ def run_anon(limit, args):
 
 
 def _pct(rate, roof) -> str:
+    """GB/s (% of the roof's best rate, % of its random expert-sized runs' rate)."""
     if rate is None:
         return "-"
-    best = (roof or {}).get("best")
-    return f"{rate:.2f} ({100 * rate / best:.0f} %)" if best else f"{rate:.2f}"
+    r = disk_rates(rate * 1e9, 1.0, roof)
+    shares = [f"{r[k]:.0f} %" for k in ("pct_of_roof", "pct_of_runs") if r[k] is not None]
+    return f"{rate:.2f} ({', '.join(shares)})" if shares else f"{rate:.2f}"
 
 
 def _opt(v, f) -> str:
@@ -166,7 +169,8 @@ def fmt_table(results, roofs=None) -> str:
     columns of llama.cpp rows stay empty: its harness does not report the bytes it read)."""
     roofs = roofs or {}
     lines = ["| system | routing | memory limit | tok/s median | tok/s min | major faults/token | "
-             "time to first token (cold) | disk GB/s while waiting (% of roof) | disk GB/s over decode (% of roof) | "
+             "time to first token (cold) | disk GB/s while waiting (% of best, of random runs) | "
+             "disk GB/s over decode (same) | "
              "MB read / token | hit rate | recall | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
