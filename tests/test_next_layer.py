@@ -84,17 +84,18 @@ def test_bias_corrected_sigmoid_choice_like_deepseek(reads):
     assert ids.tolist() == [[0]] * 4  # the bias moves expert 0 first whatever the logits
 
 
-def test_off_unless_asked_and_auto_follows_the_fit(tmp_path, reads, monkeypatch):
+def test_auto_by_default_follows_the_fit(tmp_path, reads, monkeypatch):
     router = Router(torch.randn(E, H))
     anonymous = _layer()
     NextLayerPredictor(router, anonymous)(torch.randn(1, H))
     assert not anonymous.next_layer_prefetching and not reads and anonymous.residency_stats() is None
     monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: True)
-    fits = _layer(tmp_path / "fits", next_layer_prefetch="auto")
-    assert not fits.next_layer_prefetching
+    fits = _layer(tmp_path / "fits")  # the default, "auto": a model that fits predicts nothing
+    assert fits.next_layer_prefetch_mode == "auto" and not fits.next_layer_prefetching
+    NextLayerPredictor(router, fits)(torch.randn(1, H))
+    assert not reads
     monkeypatch.setattr(memory, "file_experts_fit_in_memory", lambda: False)
-    assert not _layer(tmp_path / "default").next_layer_prefetching  # off unless asked, fitting or not
-    big = _layer(tmp_path / "big", next_layer_prefetch="auto")
+    big = _layer(tmp_path / "big")
     assert big.next_layer_prefetching
     assert not _layer(tmp_path / "off", next_layer_prefetch=False).next_layer_prefetching
     NextLayerPredictor(router, big)(torch.randn(1, H))

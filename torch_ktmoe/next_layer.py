@@ -21,7 +21,7 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   without a predictor: docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
   every output is the same with and without it.
 
-It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: off by default;
+It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: by default
 ``"auto"``, while its file-backed experts do not fit in memory, the decision of ``prefetch="auto"``; ``True``), never
 inside a compiled graph (``torch.compiler.is_compiling()``), and never for a hash-routed layer (DeepSeek-V4's first
 layers: their experts follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a

@@ -210,9 +210,9 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=C.LAYERS, help="fewer layers: a quick smoke run")
     ap.add_argument("--limits", default="none,16,12", help="GiB, comma separated; 'none' = no cgroup")
     ap.add_argument("--routings", default="uniform,zipf")
-    ap.add_argument("--systems", default="ours,llama",
-                    help="ours (KTMoE's default prefetch='auto'), ours-noprefetch (prefetch=False), "
-                         "ours-nextlayer (also next_layer_prefetch='auto'), llama")
+    ap.add_argument("--systems", default="ours-nextlayer,ours,llama",
+                    help="ours-nextlayer (KTMoE's defaults: prefetch='auto', next_layer_prefetch='auto'), ours "
+                         "(next_layer_prefetch=False), ours-noprefetch (both off), llama")
     ap.add_argument("--k-prime", type=int, default=0,
                     help="ours-nextlayer: experts predicted per token (0: the predictor's default, k)")
     ap.add_argument("--next-layer-source", default="experts", choices=("experts", "layer"),

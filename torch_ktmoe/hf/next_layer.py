@@ -11,8 +11,8 @@ nothing) gets a forward pre-hook that hands a hidden state of layer L to a
   ``...layers.N`` holding the adapter; the reads start one attention earlier, from a state one attention and one
   norm further from what L' routes on.
 
-The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: off by default, ``"auto"`` while its
-file-backed experts do not fit in memory, ``True`` always). Attaching again replaces the hooks. Returns ``(predicted, left)``: the
+The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: ``"auto"``, the default, while its
+file-backed experts do not fit in memory, ``True`` always, ``False`` never). Attaching again replaces the hooks. Returns ``(predicted, left)``: the
 ``layer_idx`` of each layer whose experts are predicted, and ``{layer_idx: why not}`` for the others but the first.
 """
 from __future__ import annotations

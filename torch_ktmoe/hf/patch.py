@@ -213,9 +213,9 @@ def patch_model(
     models pack, fp32 / fp16 ones keep torch's linears). The report says what was applied and why not;
     it is also stored as ``model.ktmoe_report``.
 
-    With ``next_layer_prefetch="auto"`` (a KTMoE option like ``prefetch``; default ``False``) each MoE layer
+    With ``next_layer_prefetch="auto"`` (a KTMoE option like ``prefetch``; the default) each MoE layer
     predicts the next one's experts with that layer's router and reads them ahead while it computes, while the
-    experts do not fit in memory; ``True`` always (:mod:`.next_layer`).
+    experts do not fit in memory; ``True`` always, ``False`` never (:mod:`.next_layer`).
     """
     from .fast_defaults import apply_defaults, check_switches  # it imports this module
 

@@ -20,8 +20,8 @@ releases the GIL, so the caller's GPU work overlaps it.
 Next-layer prefetch (:mod:`torch_ktmoe.next_layer`). sglang's model keeps each layer's router on the GPU and
 hands a wrapper only its own layer's inputs, so the wrapper reads the next MoE layer's router from the
 checkpoint itself (``{block}.gate.weight`` / ``router.weight``, its bias and ``e_score_correction_bias`` under
-the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``: off by default;
-``"auto"``: while its file-backed experts do not fit). Before running its experts, a wrapper applies it to the
+the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``: ``"auto"``, the
+default, while its file-backed experts do not fit; ``True`` always, ``False`` never). Before running its experts, a wrapper applies it to the
 hidden state it was given and reads the predicted experts that the next wrapper holds on the CPU ahead (logical
 ids -> that wrapper's CPU slots; GPU experts are not read). The next layer is the live wrapper of the next
 higher ``layer_idx`` in the process.
@@ -165,7 +165,7 @@ class KTMoEWrapper:
     ``"swiglu_oai"`` with its config's ``swiglu_alpha`` / ``swiglu_limit`` where config.json says ``model_type``
     "gpt_oss", else ``"silu"``; a gpt-oss checkpoint's interleaved gate/up and expert biases are read too);
     ``next_layer_prefetch``
-    (``False`` default, ``"auto"``, ``True``): KTMoE's, whether the previous layer's wrapper reads this layer's
+    (``"auto"`` default, ``True``, ``False``): KTMoE's, whether the previous layer's wrapper reads this layer's
     predicted experts ahead (module docstring). Threads come from ATen's pool (``torch.set_num_threads``). Other
     kt-kernel arguments (``cpuinfer_threads``, ``threadpool_count``, ``chunked_prefill_size``,
     ``max_deferred_experts_per_token``, ``cpu_save``, and any unknown keyword) are accepted and not used.
@@ -184,7 +184,7 @@ class KTMoEWrapper:
                  method: str = "AMXINT4", max_deferred_experts_per_token: Optional[int] = None,
                  cpu_save: bool = False, *, gpu_experts_mask=None, mmap_experts_dir: Optional[str] = None,
                  activation: Optional[str] = None, activation_params: Optional[dict] = None,
-                 next_layer_prefetch=False, **unused):
+                 next_layer_prefetch="auto", **unused):
         if unused:
             log.debug("KTMoEWrapper(layer %d): ignoring arguments %s", layer_idx, sorted(unused))
         if max_deferred_experts_per_token:
