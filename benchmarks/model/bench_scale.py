@@ -118,7 +118,8 @@ def run_one(system, routing, limit, model_path, harness, args):
         argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", model_path, routing, str(args.threads), toks]
         env.update(KTMOE_SCALE_DTYPE=args.ours_dtype, KTMOE_SCALE_PREFETCH="off" if system == "ours-noprefetch" else "auto",
                    KTMOE_SCALE_NEXT_LAYER="auto" if system == "ours-nextlayer" else "off",
-                   KTMOE_SCALE_K_PRIME=str(args.k_prime), KTMOE_SCALE_NEXT_SOURCE=args.next_layer_source)
+                   KTMOE_SCALE_K_PRIME=str(args.k_prime), KTMOE_SCALE_NEXT_SOURCE=args.next_layer_source,
+                   KTMOE_SCALE_READER_THREADS=str(args.reader_threads))
     else:
         argv = models.llama_argv(harness, model_path, routing, args.threads, toks)
         C.drop_caches()
@@ -213,6 +214,8 @@ def main(argv=None):
     ap.add_argument("--systems", default="ours-nextlayer,ours,llama",
                     help="ours-nextlayer (KTMoE's defaults: prefetch='auto', next_layer_prefetch='auto'), ours "
                          "(next_layer_prefetch=False), ours-noprefetch (both off), llama")
+    ap.add_argument("--reader-threads", type=int, default=-1, help="ours: the reader pool's threads (-1: its "
+                    "default; 0: next-layer reads become MADV_WILLNEED from the compute thread)")
     ap.add_argument("--k-prime", type=int, default=0,
                     help="ours-nextlayer: experts predicted per token (0: the predictor's default, k)")
     ap.add_argument("--next-layer-source", default="experts", choices=("experts", "layer"),

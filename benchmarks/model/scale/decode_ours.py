@@ -23,7 +23,8 @@ with MADV_WILLNEED when the file-backed experts do not fit in RAM or the cgroup:
 (default) or "auto" (next_layer_prefetch="auto": each MoE layer predicts the next one's experts from its hidden
 state and queues their reads to the reader pool while the experts do not fit); KTMOE_SCALE_K_PRIME=N > 0: it
 predicts N experts per token instead of k; KTMOE_SCALE_NEXT_SOURCE=layer: from the decoder layer's input (one attention
-earlier) instead of the experts' input.
+earlier) instead of the experts' input; KTMOE_SCALE_READER_THREADS=N >= 0: the reader pool's threads (0: the
+next-layer reads become MADV_WILLNEED from the compute thread).
 
 --anon-pack N instead packs N random layers of experts into anonymous memory (no mmap_experts_dir),
 printing a line per layer: the anonymous-mode failure demonstration under a memory cgroup.
@@ -91,6 +92,11 @@ def load_model(path: str, routing: str):
     dtype = getattr(torch, os.environ.get("KTMOE_SCALE_DTYPE", "bfloat16"))
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
     next_layer = os.environ.get("KTMOE_SCALE_NEXT_LAYER", "off")
+    reader_threads = int(os.environ.get("KTMOE_SCALE_READER_THREADS", "-1"))
+    if reader_threads >= 0:  # 0: next-layer reads become MADV_WILLNEED from the compute thread
+        from torch_ktmoe import expert_reads
+
+        expert_reads.set_reader_threads(reader_threads)
     model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False,
                                                                "next_layer_prefetch": "auto" if next_layer == "auto" else False},
                                pack_linears=False, decode_attention=False)
