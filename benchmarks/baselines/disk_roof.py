@@ -231,19 +231,13 @@ def disk_rates(read_bytes: float, seconds: float, roof: Optional[dict]) -> dict:
     return dict(GBps=rate, pct_of_roof=share("best"), pct_of_runs=share("runs_8"), pct_of_limited=share("limited"))
 
 
-def _block_stat(path: str) -> Optional[str]:
-    """/sys's stat file of the block device (or partition) holding ``path``; None where there is none (tmpfs,
-    overlayfs: device major 0)."""
+def disk_busy_ms(path: str) -> Optional[int]:
+    """Milliseconds the device (or partition) holding ``path`` has had at least one request in flight since boot
+    (``io_ticks``, the 10th field of its /sys stat: every process's requests, not only this one's); None where
+    no block device holds it (tmpfs, overlayfs: device major 0)."""
     dev = os.stat(path).st_dev
     stat = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
-    return stat if os.major(dev) != 0 and os.path.exists(stat) else None
-
-
-def disk_busy_ms(path: str) -> Optional[int]:
-    """Milliseconds the device holding ``path`` has had at least one request in flight since boot (``io_ticks``,
-    the 10th field of its /sys stat: every process's requests, not only this one's); None where unknown."""
-    stat = _block_stat(path)
-    if stat is None:
+    if os.major(dev) == 0 or not os.path.exists(stat):
         return None
     with open(stat) as f:
         return int(f.read().split()[9])
@@ -251,9 +245,9 @@ def disk_busy_ms(path: str) -> Optional[int]:
 
 def roof_line(roof: dict) -> str:
     """One line for a benchmark's output: the rates and the best (and the best under a limit, if any)."""
-    parts = [f"{p} {roof[p]:.2f}" if roof.get(p) is not None else f"{p} -" for p in PATTERNS]
-    if "run_bytes" in roof:
-        parts[-1] += f" ({roof['run_bytes'] / MiB:.1f} MiB runs, random order)"
+    runs = f" ({roof['run_bytes'] / MiB:.1f} MiB runs, random order)" if "run_bytes" in roof else ""
+    parts = [(f"{p} {roof[p]:.2f}" if roof.get(p) is not None else f"{p} -") + (runs if p == "runs_8" else "")
+             for p in PATTERNS]
     limited = (f"; buffered_8 under the {roof['limit_bytes'] / MiB:.0f} MiB limit, cgroup full, "
                f"{roof['limited']:.2f}") if roof.get("limited") else ""
     return (f"disk roof over {roof['bytes'] / GB:.2f} GB, page cache dropped before each (GB/s): "
