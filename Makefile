@@ -21,20 +21,33 @@ demo: build
 test: build
 	$(PYTHON) -m pytest -q tests --ignore=tests/integration
 
-# Canary, not part of `make test` or CI: the newest transformers release in its own venv
-# (requirements.txt, then transformers upgraded), the Hugging Face tests against the in-tree build
-# (same torch pin, so the same extension). A new release shows up here the day it appears, while
-# `make test` stays on the pinned version; a failure here says what to support before moving the pin.
+# Canary, not part of `make test` or CI: the newest release of every upstream the tests depend on, in its
+# own venv (build/latest-venv): torch and transformers upgraded past requirements.txt's pins, the rest of
+# requirements.txt upgraded too (== pins kept). The extension is built against that torch in a copy of the
+# working tree (build/latest-tree: tracked and untracked files git does not ignore, their times kept, so
+# its build/ recompiles only what changed), installed into the venv as a user would
+# (`pip install --no-build-isolation`), then the whole suite runs in the copy. A release shows up here the
+# day it appears, while `make test` stays on the pins; a failure says what to support before moving them.
 LATEST_VENV  := build/latest-venv
-LATEST_PY    := $(LATEST_VENV)/bin/python
+LATEST_PY    := $(CURDIR)/$(LATEST_VENV)/bin/python
+LATEST_TREE  := build/latest-tree
 
-test-latest: build
+test-latest:
 	$(PYTHON) -m venv $(LATEST_VENV)
-	$(LATEST_PY) -m pip install -q -r requirements.txt
-	$(LATEST_PY) -m pip install -q --upgrade transformers
-	@$(LATEST_PY) -c "import transformers; print('canary: transformers', transformers.__version__)"
-	$(LATEST_PY) -m pytest -q -p no:cacheprovider tests/test_hf.py tests/test_hf_families.py \
-		tests/test_hf_gpt_oss.py tests/test_hf_dropin.py tests/test_docs_models.py
+	grep -v -E '^(torch|transformers)([^a-z_-]|$$)' requirements.txt > $(LATEST_VENV)/requirements-unpinned.txt
+	$(LATEST_PY) -m pip install -q --upgrade pip
+	$(LATEST_PY) -m pip install -q --upgrade torch transformers -r $(LATEST_VENV)/requirements-unpinned.txt
+	mkdir -p $(LATEST_TREE)
+	find $(LATEST_TREE) -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+	git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null \
+		| tar -xf - -C $(LATEST_TREE)
+	cd $(LATEST_TREE) && $(LATEST_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd / && $(LATEST_PY) -c "import torch_ktmoe, torch, transformers; print('canary: torch', torch.__version__, \
+		'/ transformers', transformers.__version__, '/ torch_ktmoe', torch_ktmoe.__version__, 'installed')"
+	cd $(LATEST_TREE) && $(LATEST_PY) setup.py -q build_ext --inplace
+	cd $(LATEST_TREE) && $(LATEST_PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/integration
+	@$(LATEST_PY) -c "import torch, transformers; print('canary passed: torch', torch.__version__, \
+		'/ transformers', transformers.__version__)"
 
 # sglang drop-in: its own venv (sglang 0.5.23 + its torch 2.14.1, requirements-sglang.txt),
 # the project pip-installed there (built against that torch, objects in
@@ -61,14 +74,12 @@ bench: build
 # a 30B-class MoE (int8, ~29 GB) against llama.cpp's mmap under memory cgroups: ~60 GB of disk, tens of
 # minutes, root; builds libllama from the llama-cpp-python sdist (benchmarks/model/bench_scale.py)
 bench-scale: build
-	$(PIP) install -q gguf
 	$(PYTHON) -m benchmarks.model.bench_scale
 
 # Benchmark peers beside the CPU torch (--no-deps: kt-kernel's wheel asks for CUDA packages),
 # and llama.cpp's ggml CPU backend with the MoE-layer harness (build/llama_peer/).
 peers: deps
 	$(PIP) install -q --no-deps kt-kernel==0.7.2
-	$(PIP) install -q gguf
 	PYTHON=$(PYTHON) bash benchmarks/baselines/llama/build.sh moe_layer_ggml
 
 # Install into site-packages (builds against the installed torch).

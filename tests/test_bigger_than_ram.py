@@ -10,10 +10,12 @@ child process inside a cgroup-v1 memory limit, and generates a few greedy tokens
 Skips with the reason where a memory cgroup cannot be made (not root, cgroup v2 only).
 
 Sizes. The limit cannot be small: importing torch + transformers alone costs the
-child ~234 MiB of anonymous memory, and streaming one layer's dense experts
-(48 MiB bf16, stacked once more before packing) adds ~100 MiB at peak. So the
-limit is 400 MiB and the experts 17 x 48 MiB = 816 MiB. The children run with
-MALLOC_MMAP_THRESHOLD_=1 MiB so glibc hands each freed dense staging buffer back
+child ~234 MiB of anonymous memory with the CPU torch wheel (~400 MiB with the CUDA
+wheels, torch 2.14 / 2.15), and streaming one layer's dense experts (48 MiB bf16,
+stacked once more before packing) adds ~100 MiB at peak. So the limit is 400 MiB, or
+the child's import cost + 170 MiB where that is more (measured first, in a child), and
+the experts at least 2.04x the limit: 17 x 48 MiB = 816 MiB for 400 MiB. The children
+run with MALLOC_MMAP_THRESHOLD_=1 MiB so glibc hands each freed dense staging buffer back
 to the kernel at once instead of keeping it in the heap (otherwise ~80 MiB of
 freed heap stays charged to the cgroup). Writeback needed no help: pack_experts
 starts writeback after each layer and dirty + writeback pages peaked at ~45 MiB.
@@ -29,9 +31,24 @@ from tests.cgroup_utils import needs_memory_cgroup, run_in_memory_cgroup
 transformers = pytest.importorskip("transformers")
 
 MiB = 1 << 20
-LIMIT = 400 * MiB
-# 17 layers x 64 experts x (3 x 512 x 256) bf16 = 816 MiB packed, 2.04x LIMIT; the rest ~20 MiB
-SHAPE = ModelShape(layers=17, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
+MIN_LIMIT = 400 * MiB
+LOAD_HEADROOM = 170 * MiB  # one layer's dense experts streamed, stacked, packed; generation
+LAYER_BYTES = 48 * MiB     # 64 experts x (3 x 512 x 256) bf16 packed
+IMPORT_COST = """
+import torch, transformers, torch_ktmoe
+from torch_ktmoe import hf
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon:")) * 1024)
+"""
+
+
+def limit_and_shape():
+    """(the cgroup limit, the model): 400 MiB or the child's import cost + LOAD_HEADROOM, and experts >= 2.04x it
+    (17 layers of 48 MiB for 400 MiB; the rest of the model ~20 MiB)."""
+    res = run_python(IMPORT_COST, env=CHILD_ENV)
+    assert res.returncode == 0, res.stderr
+    limit = max(MIN_LIMIT, -(-(int(res.stdout) + LOAD_HEADROOM) // (16 * MiB)) * 16 * MiB)
+    layers = max(17, -(-int(2.04 * limit) // LAYER_BYTES))
+    return limit, ModelShape(layers=layers, hidden=512, intermediate=256, experts=64, top_k=4, vocab=1024)
 PROMPT = [3, 17, 42, 8, 99]
 NEW_TOKENS = 3
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}
@@ -55,8 +72,9 @@ print("COMPLETED", r["arena_file_backed_bytes"], r["arena_fallbacks"], r["major_
 
 @needs_memory_cgroup
 def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp_path):
+    limit, shape = limit_and_shape()
     checkpoint = tmp_path / "checkpoint"
-    build_checkpoint(SHAPE, checkpoint)  # outside the cgroup: its page cache is not charged to the child
+    build_checkpoint(shape, checkpoint)  # outside the cgroup: its page cache is not charged to the child
     experts_dir = tmp_path / "experts"
     experts_dir.mkdir()
 
@@ -64,13 +82,13 @@ def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp
     ref = run_python(CHILD, [checkpoint, "", ref_out], env=CHILD_ENV)
     assert ref.returncode == 0, ref.stdout + ref.stderr
     reference = torch.load(ref_out)
-    assert reference["packed"] >= 2 * LIMIT, "the model is too small to prove anything"
+    assert reference["packed"] >= 2 * limit, "the model is too small to prove anything"
     assert reference["prefetching"] and not any(reference["prefetching"])  # anonymous: nothing to read ahead
 
     file_out = tmp_path / "file.pt"
-    res = run_in_memory_cgroup("ktmoe_test_btr_file", LIMIT, CHILD, [checkpoint, experts_dir, file_out],
+    res = run_in_memory_cgroup("ktmoe_test_btr_file", limit, CHILD, [checkpoint, experts_dir, file_out],
                                env=CHILD_ENV)
-    assert res.returncode == 0, f"file-backed run failed under {LIMIT // MiB} MiB: rc={res.returncode}\n" \
+    assert res.returncode == 0, f"file-backed run failed under {limit // MiB} MiB: rc={res.returncode}\n" \
         + res.stdout + res.stderr[-3000:]
     got = torch.load(file_out)
     assert got["report"]["arena_fallbacks"] == 0
@@ -80,7 +98,7 @@ def test_file_backed_model_twice_the_limit_generates_anonymous_is_oom_killed(tmp
     assert all(got["prefetching"]), "experts 2x the limit: prefetch='auto' should read the routed experts ahead"
 
     anon_out = tmp_path / "anon.pt"
-    res = run_in_memory_cgroup("ktmoe_test_btr_anon", LIMIT, CHILD, [checkpoint, "", anon_out], env=CHILD_ENV)
+    res = run_in_memory_cgroup("ktmoe_test_btr_anon", limit, CHILD, [checkpoint, "", anon_out], env=CHILD_ENV)
     assert res.returncode == -9 and "COMPLETED" not in res.stdout, (
-        f"the anonymous run was expected to be OOM-killed under {LIMIT // MiB} MiB: rc={res.returncode}\n"
+        f"the anonymous run was expected to be OOM-killed under {limit // MiB} MiB: rc={res.returncode}\n"
         + res.stdout + res.stderr[-3000:])
