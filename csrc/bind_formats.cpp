@@ -15,6 +15,8 @@
 // gated_activations() -> [dict], one per row of kernels/gated_activation.h, in kind order:
 //   name, formula, params (names, in the op's order), defaults, models;
 // gated_activation_error(name, params) -> "" or the reason the op would refuse them.
+// ggml_types() -> [dict], one per row of kernels/ggml/ggml_types.h (every type ggml defines), in id order:
+//   id, name, block_elems, block_bytes, decodable (whether this library reads its blocks).
 // Module attributes: packed_magic, packed_layout_version (the header's magic and
 // version), matrix_roles ({"plain": 0, "gate_up": 1, "down": 2}).
 // ops.WEIGHT_FORMATS, unpack.py and the tests' tolerance table read these.
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "kernels/gated_activation.h"
+#include "ops/ggml_type.h"
 #include "ops/weight_format.h"
 
 namespace py = pybind11;
@@ -119,6 +122,21 @@ void bind_weight_formats(py::module& m) {
     ktmoe::Activation act;
     return ktmoe::make_activation(*row, params.data(), int(params.size()), &act);
   }, "\"\" if the named activation takes these parameters (in its row's order; [] = defaults), else why not");
+  m.def("ggml_types", [] {
+    int count = 0;
+    const ktmoe::GgmlTypeTraits* rows = ktmoe::ggml_type_table(&count);
+    py::list out;
+    for (int i = 0; i < count; ++i) {
+      py::dict d;
+      d["id"] = int(rows[i].id);
+      d["name"] = rows[i].name;
+      d["block_elems"] = rows[i].block_elems;
+      d["block_bytes"] = rows[i].block_bytes;
+      d["decodable"] = rows[i].decode != nullptr;
+      out.append(d);
+    }
+    return out;
+  }, "the GGML type table: one dict per type ggml defines (id, name, block_elems, block_bytes, decodable)");
   m.attr("packed_magic") = ktmoe::kPackedMagic;
   m.attr("packed_layout_version") = ktmoe::kPackedVersion;
   py::dict roles;

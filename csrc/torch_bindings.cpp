@@ -27,6 +27,12 @@ TORCH_LIBRARY(ktmoe, m) {
   // [..., out_features] (N is an argument, checked against the header: the fake kernel cannot read the header).
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor w_packed, int out_features, Tensor? bias=None) -> Tensor");
+  // The same over GGML experts where they lie (a GGUF file's gate / up / down rows, each of its own type id).
+  m.def("moe_forward_ggml(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor gate, Tensor up, "
+        "Tensor down, int[] ggml_types, Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", "
+        "float[] activation_params=[]) -> Tensor");
+  // Rows of GGML blocks (a GGUF tensor's bytes) of a type of kernels/ggml/ggml_types.h -> fp32 weights, exactly.
+  m.def("ggml_dequantize(Tensor blocks, int ggml_type) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
@@ -35,4 +41,6 @@ TORCH_LIBRARY_IMPL(ktmoe, CPU, m) {
   m.impl("pack_experts_out", &ktmoe::pack_experts_out);
   m.impl("pack_linear", &ktmoe::pack_linear);
   m.impl("linear", &ktmoe::linear);
+  m.impl("moe_forward_ggml", &ktmoe::moe_forward_ggml);
+  m.impl("ggml_dequantize", &ktmoe::ggml_dequantize);
 }

@@ -61,8 +61,12 @@ def cmd_inspect(args) -> int:
     from torch_ktmoe.cache import inspect_dir, leftover_temp_files
     from torch_ktmoe.hf.packed_manifest import PackedDirError
 
+    if os.path.isfile(args.dir) and args.dir.endswith(".gguf"):
+        from torch_ktmoe.cli_gguf import inspect_gguf
+
+        return inspect_gguf(args.dir)
     if not os.path.isdir(args.dir):
-        print(f"inspect: {args.dir!r} is not a directory", file=sys.stderr)
+        print(f"inspect: {args.dir!r} is not a directory (or a .gguf file)", file=sys.stderr)
         return 2
     try:
         directory = _inspected_dir(args.dir)
@@ -105,8 +109,9 @@ def main(argv=None) -> int:
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.set_defaults(func=cmd_pack)
     insp = sub.add_parser("inspect", help="list the .ktmoe cache files of DIR: layer, part, format, "
-                          "shapes, size, resident bytes, valid or why not")
-    insp.add_argument("dir")
+                          "shapes, size, resident bytes, valid or why not; of FILE.gguf: its experts' GGML types, "
+                          "shapes and bytes per layer")
+    insp.add_argument("dir", metavar="DIR|FILE.gguf")
     insp.add_argument("--verify", action="store_true",
                       help="also compare every tensor's data checksum (reads every byte)")
     insp.set_defaults(func=cmd_inspect)

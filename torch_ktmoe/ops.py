@@ -292,3 +292,70 @@ def _linear_fake(x, w_packed, out_features, bias=None):
 
 torch.library.register_autograd("ktmoe::linear", _inference_only(
     "linear", "packed linears (KTLinear, hf.pack_linears)", "the model's nn.Linear layers (before pack_linears)"))
+
+
+# ---------------------------------------------------------------- GGML blocks (ops/ggml_dequantize.cpp)
+__all__ += ["GGML_TYPES", "ggml_dequantize", "moe_forward_ggml"]
+
+# The GGML type table (csrc/kernels/ggml/ggml_types.h), by id: every type ggml defines, each a dict (name,
+# block_elems, block_bytes, decodable: whether this library reads its blocks).
+GGML_TYPES = {row["id"]: row for row in _C.ggml_types()}
+
+
+def ggml_dequantize(blocks: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """Rows of GGML blocks -> their fp32 weights, bit for bit ``gguf.quants.dequantize``.
+
+    blocks uint8 [..., B] (each row B bytes of whole blocks, as a GGUF tensor stores its rows), ``ggml_type``
+    a GGML type id (:data:`GGML_TYPES`) this library reads -> float32 [..., B / block_bytes * block_elems].
+    """
+    return torch.ops.ktmoe.ggml_dequantize(blocks, ggml_type)
+
+
+@torch.library.register_fake("ktmoe::ggml_dequantize")
+def _ggml_dequantize_fake(blocks, ggml_type):
+    row = GGML_TYPES.get(ggml_type)
+    torch._check(row is not None and row["decodable"],
+                 lambda: f"ktmoe::ggml_dequantize: GGML type id {ggml_type} is not read by torch_ktmoe")
+    torch._check(blocks.dim() >= 1 and blocks.dtype == torch.uint8,
+                 lambda: "ktmoe::ggml_dequantize: blocks must be uint8 [..., row bytes]")
+    row_bytes = blocks.shape[-1]
+    torch._check(row_bytes % row["block_bytes"] == 0,
+                 lambda: f"ktmoe::ggml_dequantize: a row is not whole {row['name']} blocks")
+    return blocks.new_empty((*blocks.shape[:-1], row_bytes // row["block_bytes"] * row["block_elems"]),
+                            dtype=torch.float32)
+
+
+def moe_forward_ggml(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, ggml_types: Sequence[int], *,
+                     w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
+                     activation: str = "silu", activation_params: Sequence[float] = ()) -> torch.Tensor:
+    """:func:`moe_forward` over GGML experts where they lie: a GGUF file's rows, each role of its own type.
+
+    gate / up uint8 [E, I, row bytes], down uint8 [E, H, row bytes] (each row whole blocks of its type, rows
+    contiguous: a GGUF expert tensor's bytes, e.g. mapped from the file), ``ggml_types`` their GGML type ids
+    (gate, up, down), decodable (:data:`GGML_TYPES`); I and H multiples of 16. Activations are bf16 rows; the
+    weights are the types' exact values (:func:`ggml_dequantize`), summed in fp32. The rest as
+    :func:`moe_forward` -> [T, H] in the dtype of hidden_states.
+    """
+    return torch.ops.ktmoe.moe_forward_ggml(hidden_states, topk_ids, topk_weights, gate, up, down,
+                                            [int(t) for t in ggml_types], w13_bias, w2_bias, activation,
+                                            list(activation_params))
+
+
+@torch.library.register_fake("ktmoe::moe_forward_ggml")
+def _moe_forward_ggml_fake(hidden_states, topk_ids, topk_weights, gate, up, down, ggml_types, w13_bias=None,
+                           w2_bias=None, activation="silu", activation_params=()):
+    _check_same_device("moe_forward_ggml", "hidden_states", hidden_states, topk_ids=topk_ids,
+                       topk_weights=topk_weights, gate=gate, up=up, down=down, w13_bias=w13_bias, w2_bias=w2_bias)
+    torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")
+    torch._check(hidden_states.dtype in ACTIVATION_DTYPES,
+                 lambda: "hidden_states must be bfloat16, float16 or float32")
+    torch._check(topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape,
+                 lambda: "topk_ids and topk_weights must be [T, k]")
+    torch._check(len(ggml_types) == 3, lambda: "ggml_types must be [gate, up, down] type ids")
+    torch._check(activation in ACTIVATIONS, lambda: f"activation must be one of {ACTIVATIONS}")
+    return hidden_states.new_empty(hidden_states.shape)
+
+
+torch.library.register_autograd("ktmoe::moe_forward_ggml", _inference_only(
+    "moe_forward_ggml", "GGUF experts", "dense experts"))

@@ -25,7 +25,8 @@ from typing import List, Optional
 from benchmarks import ROOT
 
 BINARY = os.environ.get("KTMOE_LLAMA_PEER") or os.path.join(ROOT, "build", "llama_peer", "moe_layer_ggml")
-GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "fp8": "q8_0", "int4_affine": "q4_K", "mxfp4": "mxfp4"}
+GGML_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "fp8": "q8_0", "int4_affine": "q4_K", "mxfp4": "mxfp4",
+             "gguf-q4_K": "q4_K", "gguf-q8_0": "q8_0"}  # GGUF experts: the same type
 GGML_TYPE.update(kv.split("=", 1) for kv in os.environ.get("KTMOE_LLAMA_TYPES", "").split(",") if "=" in kv)
 TYPE_BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_K": 144 / 256, "mxfp4": 17 / 32}
 COLD_BYTES = 150 << 20  # routed-expert bytes one pass must read, at least

@@ -17,7 +17,9 @@ Every call takes the next of 16 routings, so the experts read are cold, as in se
 llama.cpp (``make peers`` builds its ggml CPU backend and benchmarks/baselines/llama/) runs the same
 layer as one ggml graph (mul_mat_id up, gate, swiglu, mul_mat_id down, weights, sum over k) with
 cold weights, in ggml's nearest type (llama_layer.GGML_TYPE: q8_0 for int8 and fp8, q4_0 for int4,
-q4_K for int4_affine; ``KTMOE_LLAMA_TYPES="int4=q4_K"`` changes one). It is *alternated*
+q4_K for int4_affine; ``KTMOE_LLAMA_TYPES="int4=q4_K"`` changes one). The ``gguf-*`` formats are GGUF experts
+where they lie (``ops.moe_forward_ggml`` over random blocks of a type mix, ktmoe_harness.ggml_rows.GGUF_MIXES:
+``gguf-q4_K_M`` is gate / up q4_K, down q6_K), llama.cpp on the same type where its harness has it. It is *alternated*
 with ours round by round (A B A B ...), so both see the same machine state; the ratio column is
 llama.cpp ms / ours ms (> 1: ours faster), from the medians.
 kt-kernel 0.7.2 and transformers 5.x experts (benchmarks/baselines/experts.py) are timed after, if installed.
@@ -35,6 +37,7 @@ from benchmarks.baselines import llama_layer
 from benchmarks.baselines.roofs import (compute_roof_gflops, compute_roof_instruction, matmul_roof_gflops,
                                         read_roof_gbps, read_roof_isa)
 from benchmarks.cli import add_out_argument, write_result
+from ktmoe_harness.ggml_rows import GGUF_MIXES, ggml_experts
 from ktmoe_harness.moe_inputs import routings
 from torch_ktmoe import ops
 
@@ -43,7 +46,7 @@ SHAPES = {  # name: (E, k, H, I)
     "e64": (64, 6, 2048, 1408),       # Qwen1.5/2-MoE-like
     "e16big": (16, 8, 7168, 2048),    # few, large experts (DeepSeek-V3 expert size)
 }
-FORMATS = ops.WEIGHT_FORMATS
+FORMATS = ops.WEIGHT_FORMATS + tuple(GGUF_MIXES)  # packed formats, then GGUF experts in place (gguf-*)
 ROUTINGS = 16  # distinct routings cycled through per (shape, T)
 
 
@@ -87,14 +90,21 @@ def bench_shape(name, args, llama_ok, results):
               + ", ".join(f"T={t}: {v:.0f} GFLOP/s" for t, v in roofs[th]["matmul_GFLOPs"].items()), flush=True)
     routes = {t: routings(t, experts, top_k, ROUTINGS, seed=t) for t in args.tokens}
     for fmt in args.formats:
-        w13, w2 = ops.pack_experts(gate_up, down, fmt)
-        per_expert = w13.shape[1] + w2.shape[1]
+        if fmt in GGUF_MIXES:  # random blocks of the mix's types (speed does not depend on the values)
+            types = GGUF_MIXES[fmt]
+            gguf_rows = ggml_experts(types, experts, hidden, inter)
+            per_expert = sum(r[0].numel() for r in gguf_rows)
+            forward = lambda x, ids, w: ops.moe_forward_ggml(x, ids, w, *gguf_rows, types)  # noqa: E731
+        else:
+            w13, w2 = ops.pack_experts(gate_up, down, fmt)
+            per_expert = w13.shape[1] + w2.shape[1]
+            forward = lambda x, ids, w: torch.ops.ktmoe.moe_forward(x, ids, w, w13, w2)  # noqa: E731
         peer_type = llama_ok and fmt in llama_layer.GGML_TYPE
         llama = llama_layer.GgmlMoeLayer(fmt, experts, top_k, hidden, inter) if peer_type else None
         try:
             for t in args.tokens:
                 x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
-                ours_fn = lambda ids, w: torch.ops.ktmoe.moe_forward(x, ids, w, w13, w2)  # noqa: E731
+                ours_fn = lambda ids, w: forward(x, ids, w)  # noqa: E731
                 distinct = distinct_experts(routes[t])
                 for th in threads_for(t, args):
                     torch.set_num_threads(th)
@@ -114,7 +124,7 @@ def bench_shape(name, args, llama_ok, results):
         finally:
             if llama is not None:
                 llama.close()
-        del w13, w2
+        del forward
     results["roofs"][name] = roofs
     if args.peers and name == "ref":
         bench_other_peers(name, args, gate_up, down, routes, results)

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/gated_activation.h"
+#include "kernels/ggml/ggml_types.h"
 #include "kernels/packed_format.h"
 
 namespace ktmoe {
@@ -80,6 +81,13 @@ struct IsaKernels {
   // decode rows; mxfp4_format.h).
   void (*gemm_mxfp4)(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                      int64_t b1, float* c, int64_t ldc);
+
+  // A GGML matrix where it lies (a GGUF file's rows, kernels/ggml/ggml_types.h): n rows of k weights of a
+  // decodable `type`, row i the row_bytes bytes at w + i * row_bytes (k / type.block_elems blocks; any
+  // alignment). a: bf16 rows [M, lda] (lda >= k). c[m * ldc + i] = Σ_k a[m][k] · W[i][k], i < n, W the
+  // type's exact weights (type.decode), fp32 sums; the same bits for any n split.
+  void (*gemm_ggml)(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
+                    const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc);
 };
 
 // The entry points an ISA defines in its own namespace (ktmoe::generic, ::avx2,
@@ -103,7 +111,9 @@ struct IsaKernels {
   void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,  \
                         int64_t b0, int64_t b1, float* c, int64_t ldc);                           \
   void gemm_mxfp4(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m,        \
-                  int64_t b0, int64_t b1, float* c, int64_t ldc)
+                  int64_t b0, int64_t b1, float* c, int64_t ldc);                                  \
+  void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, \
+                 const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc)
 
 // Tables, defined in generic/, avx2/, avx2_vnni/, avx512/, amx/. All but generic are compiled
 // with their ISA flags and must only be *called* after cpu_features says so.

@@ -71,6 +71,7 @@ std::string missing_entries(const IsaKernels& k) {
   add(k.gemm_fp8, "gemm_fp8");
   add(k.gemm_int4_affine, "gemm_int4_affine");
   add(k.gemm_mxfp4, "gemm_mxfp4");
+  add(k.gemm_ggml, "gemm_ggml");
   add(k.gated_act, "gated_act");
   add(k.quantize_rows, "quantize_rows");
   add(k.to_bf16, "to_bf16");

@@ -7,7 +7,9 @@
 // layer share them): w13 is kGateUp with n = 2I, k = H; w2 is kDown with n = H,
 // k = I. Each matrix's activations are prepared in that matrix's format
 // (bf16 rows, or int8 rows + scales and sums per header.group), so w13 and w2 may
-// even use different formats.
+// even use different formats. GGML experts where they lie (p.ggml: a GGUF's gate, up
+// and down rows, each of its own type) run the same phases with bf16 rows and the
+// gemm_ggml entry (Weights below).
 //
 // moe_forward() runs these phases in order, each a function with its own [NOTE]
 // below (shapes, scratch layout, work items):
@@ -66,12 +68,6 @@ namespace ktmoe {
 namespace {
 
 constexpr int64_t kTokenTile = 32;           // rows per gemm call
-// Experts with more rows than this get prefill items: kBF16 gemms run an
-// L1-blocked path above one row tile (12 rows), the int tiles prefer small items
-// up to kTokenTile rows (measured).
-inline int64_t decode_rows(const PackedMatrixHeader* h) {
-  return format_traits(WeightFormat(h->format)).activations == ActivationRows::kBF16 ? 12 : kTokenTile;
-}
 constexpr int64_t kPanelBytes = 512 << 10;   // prefill: weight bytes per item
 // decode: weight bytes per item (see [NOTE]): at most 256 KiB, at least 128 KiB, and
 // about a 16th of a thread's share of the phase's decode weights in between.
@@ -139,11 +135,60 @@ struct Layout {
   }
 };
 
-// Rows of activations in the format one packed matrix multiplies (its traits'
-// activations): bf16 rows [rows, kp], or int8 rows [rows, kp] + scales [rows, nscales]
-// (the traits' activation_scale: per row, or per weight group) + group sums [rows, ngroups].
-struct ActRows {
+// [NOTE] What the phases need of one role's experts (w13: gate/up, w2: down), packed or GGML where they lie:
+//   activations  the rows its gemm multiplies: bf16 rows, or int8 rows + scales (per row or per weight
+//                group) + group sums (packed int formats); kp columns, zero padded past k
+//   units        what items cut: w13 block pairs (16 gate + 16 up outputs), w2 blocks (16 outputs); a
+//                GGML matrix's 16 rows are its block of 16 outputs (I, H multiples of 16)
+//   gemm         c[r][·] = rows [r0, r0+m) of a times units [u0, u1) of expert e, per w13 pair 16 gate
+//                columns then 16 up (the packed kGateUp interleave; GGML: two gemm_ggml calls per pair)
+struct Weights {
+  // packed
+  const PackedMatrixHeader* h = nullptr;  // expert 0's header (all experts of a layer share it)
+  const uint8_t* base = nullptr;
+  int64_t stride = 0;
   const WeightFormatTraits* traits = nullptr;
+  // GGML: w13 gate and up, w2 down (second nullptr)
+  const GgmlMatrices* ggml[2] = {nullptr, nullptr};
+  // activations
+  bool bf16_rows = true;
+  int64_t kp = 0, group = 0, scale_group = 0;
+  int64_t units = 0, unit_bytes = 0;
+  int64_t blocks_per_unit = 1;  // packed: 2 for w13's pairs
+
+  static Weights packed(const uint8_t* base, int64_t stride, bool pairs) {
+    Weights w;
+    w.h = reinterpret_cast<const PackedMatrixHeader*>(base);
+    w.base = base;
+    w.stride = stride;
+    w.traits = &format_traits(WeightFormat(w.h->format));
+    w.bf16_rows = w.traits->activations == ActivationRows::kBF16;
+    w.kp = w.h->kp;
+    w.group = w.h->group;
+    w.scale_group = w.bf16_rows ? 0 : w.traits->activation_scale_group(w.kp, w.group);
+    const int64_t block_bytes = block_data_bytes(WeightFormat(w.h->format), w.h->kp);
+    w.blocks_per_unit = pairs ? 2 : 1;
+    w.units = w.h->np / (kBlockN * w.blocks_per_unit);
+    w.unit_bytes = w.blocks_per_unit * block_bytes;
+    return w;
+  }
+  static Weights gguf(const GgmlMatrices* first, const GgmlMatrices* second, int64_t n, int64_t k) {
+    Weights w;
+    w.ggml[0] = first;
+    w.ggml[1] = second;
+    w.kp = k;
+    w.units = n / kBlockN;
+    w.unit_bytes = kBlockN * (first->row_bytes + (second ? second->row_bytes : 0));
+    return w;
+  }
+  // Experts with more rows than this get prefill items: bf16-row gemms run an L1-blocked path above one
+  // row tile (12 rows), the int tiles prefer small items up to kTokenTile rows (measured).
+  int64_t decode_rows() const { return bf16_rows ? 12 : kTokenTile; }
+};
+
+// Rows of activations in the format one role's gemm multiplies (Weights: bf16 rows [rows, kp], or int8
+// rows [rows, kp] + scales [rows, nscales] (per row or per weight group) + group sums [rows, ngroups]).
+struct ActRows {
   bool bf16_rows = true;
   int64_t kp = 0, group = 0, ngroups = 0;
   int64_t scale_group = 0, nscales = 0;  // int8 rows: columns per scale, scales per row
@@ -155,17 +200,13 @@ struct ActRows {
   size_t off_bf16 = 0, off_q = 0, off_scale = 0, off_gsum = 0;
 
   ActRows() = default;
-  ActRows(const PackedMatrixHeader* w, int64_t rows, Layout& layout)
-      : traits(&format_traits(WeightFormat(w->format))),
-        bf16_rows(traits->activations == ActivationRows::kBF16),
-        kp(w->kp),
-        group(w->group),
-        ld(w->kp + 32) {
+  ActRows(const Weights& w, int64_t rows, Layout& layout)
+      : bf16_rows(w.bf16_rows), kp(w.kp), group(w.group), ld(w.kp + 32) {
     if (bf16_rows) {
       off_bf16 = layout.take(size_t(rows) * ld * 2);
     } else {
       ngroups = kp / group;
-      scale_group = traits->activation_scale_group(kp, group);
+      scale_group = w.scale_group;
       nscales = kp / scale_group;
       off_q = layout.take(size_t(rows) * kp);
       off_scale = layout.take(size_t(rows) * nscales * 4);
@@ -196,12 +237,25 @@ struct ActRows {
   }
 };
 
-// c[m][0 .. 16*(b1-b0)) = rows [r0, r0+m) of a times blocks [b0, b1) of w, by the
-// gemm entry of w's format (its traits row).
-void gemm(const IsaKernels& isa, const PackedMatrixHeader* w, const ActRows& a, int64_t r0,
-          int64_t m, int64_t b0, int64_t b1, float* c, int64_t ldc) {
-  if (a.bf16_rows) (isa.*a.traits->gemm_bf16)(w, a.bf16 + r0 * a.ld, a.ld, m, b0, b1, c, ldc);
-  else (isa.*a.traits->gemm_int8)(w, a.quantized(r0), m, b0, b1, c, ldc);
+// c = rows [r0, r0+m) of a times units [u0, u1) of expert e of w (Weights' [NOTE]): a packed matrix by the
+// gemm entry of its format's row, GGML rows by gemm_ggml.
+void gemm(const IsaKernels& isa, const Weights& w, int64_t e, const ActRows& a, int64_t r0, int64_t m, int64_t u0,
+          int64_t u1, float* c, int64_t ldc) {
+  if (w.h != nullptr) {
+    const auto* h = reinterpret_cast<const PackedMatrixHeader*>(w.base + e * w.stride);
+    const int64_t b0 = w.blocks_per_unit * u0, b1 = w.blocks_per_unit * u1;
+    if (a.bf16_rows) (isa.*w.traits->gemm_bf16)(h, a.bf16 + r0 * a.ld, a.ld, m, b0, b1, c, ldc);
+    else (isa.*w.traits->gemm_int8)(h, a.quantized(r0), m, b0, b1, c, ldc);
+    return;
+  }
+  const uint16_t* rows = a.bf16 + r0 * a.ld;
+  const int parts = w.ggml[1] ? 2 : 1;  // w13: 16 gate, then 16 up columns per unit
+  for (int64_t u = u0; u < u1; ++u)
+    for (int part = 0; part < parts; ++part) {
+      const GgmlMatrices& g = *w.ggml[part];
+      isa.gemm_ggml(*g.type, g.data + e * g.expert_stride + kBlockN * u * g.row_bytes, g.row_bytes, kBlockN, w.kp,
+                    rows, a.ld, m, c + (u - u0) * kBlockN * parts + kBlockN * part, ldc);
+    }
 }
 
 // One work item: expert e, units [u0, u1) (gate/up: block pairs; down: blocks).
@@ -250,10 +304,6 @@ void for_each_item(const ParallelFor& parallel_for, int64_t n, const F& item) {
          i = next.fetch_add(1, std::memory_order_relaxed))
       item(i);
   });
-}
-
-const PackedMatrixHeader* header_at(const uint8_t* base, int64_t stride, int64_t e) {
-  return reinterpret_cast<const PackedMatrixHeader*>(base + e * stride);
 }
 
 // y[c] += bias[c] for c < n (n <= 16 * blocks: the last block may be partly padding).
@@ -311,7 +361,8 @@ Routing route(const MoeProblem& p) {
 // [NOTE] Shapes come from expert 0's packed headers (all experts of a layer share
 // them): w13 is kGateUp, n = 2I, k = H, np = 2·ip (ip = round_up(I, 16)), so
 // `pairs` = ip / 16 interleaved (gate block, up block) pairs; w2 is kDown, n = H,
-// k = I, np2 = round_up(H, 16).
+// k = I, np2 = round_up(H, 16). GGML experts: I / 16 pairs of 16 gate and 16 up rows,
+// H / 16 blocks of down rows (both multiples of 16), bf16 rows of exactly k columns.
 //
 // Scratch: one 64-byte-aligned block per call (Layout below), each buffer
 // 64-byte aligned, in this order:
@@ -326,8 +377,7 @@ Routing route(const MoeProblem& p) {
 // scales fp32 [rows, kp / scale_group] (kINT8: one per weight group; kINT4: one per row) +
 // group sums int32 [rows, kp / group].
 struct Shapes {
-  const PackedMatrixHeader* h13;
-  const PackedMatrixHeader* h2;
+  Weights w13, w2;
   int64_t inter;   // I
   int64_t pairs;   // ip / 16 block pairs of w13
   int64_t ldh;     // ip: row stride of h
@@ -337,15 +387,19 @@ struct Shapes {
 
 Shapes shapes_of(const MoeProblem& p) {
   Shapes sh;
-  sh.h13 = header_at(p.w13, p.w13_stride, 0);
-  sh.h2 = header_at(p.w2, p.w2_stride, 0);
-  sh.inter = sh.h13->n / 2;
-  sh.pairs = sh.h13->np / 32;
+  if (p.ggml) {
+    sh.w13 = Weights::gguf(&p.ggml->gate, &p.ggml->up, p.ggml->inter, p.hidden);
+    sh.w2 = Weights::gguf(&p.ggml->down, nullptr, p.hidden, p.ggml->inter);
+    sh.inter = p.ggml->inter;
+  } else {
+    sh.w13 = Weights::packed(p.w13, p.w13_stride, true);
+    sh.w2 = Weights::packed(p.w2, p.w2_stride, false);
+    sh.inter = sh.w13.h->n / 2;
+  }
+  sh.pairs = sh.w13.units;
   sh.ldh = 16 * sh.pairs;
-  sh.ldy = sh.h2->np;
-  sh.stage_x = p.x_dtype == ActDtype::kF16 ||
-               (p.x_dtype == ActDtype::kBF16 &&
-                format_traits(WeightFormat(sh.h13->format)).activations != ActivationRows::kBF16);
+  sh.ldy = kBlockN * sh.w2.units;
+  sh.stage_x = p.x_dtype == ActDtype::kF16 || (p.x_dtype == ActDtype::kBF16 && !sh.w13.bf16_rows);
   return sh;
 }
 
@@ -364,8 +418,8 @@ Buffers carve_scratch(const MoeProblem& p, const Shapes& sh, int64_t P, Scratch&
   const size_t off_stage = layout.take(sh.stage_x ? size_t(T) * H * 4 : 0);
   const size_t off_h = layout.take(size_t(P) * sh.ldh * 4);
   const size_t off_y = layout.take(size_t(P) * sh.ldy * 4);
-  Buffers b{nullptr, nullptr, nullptr, ActRows(sh.h13, T, layout), ActRows(sh.h13, P, layout),
-            ActRows(sh.h2, P, layout), 0};
+  Buffers b{nullptr, nullptr, nullptr, ActRows(sh.w13, T, layout), ActRows(sh.w13, P, layout),
+            ActRows(sh.w2, P, layout), 0};
   b.bytes = layout.size;
   uint8_t* base = scratch.get(layout.size);
   b.stage = reinterpret_cast<float*>(base + off_stage);
@@ -427,24 +481,22 @@ void prepare_activations(const MoeProblem& p, const IsaKernels& isa, const Paral
 // h[r][16j, 16j + 16). Items write disjoint (row, column) ranges of h.
 void gate_up_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for,
                    const Routing& rt, const Shapes& sh, const Buffers& b) {
-  const PackedMatrixHeader* h13 = sh.h13;
+  const Weights& w13 = sh.w13;
   const int64_t inter = sh.inter, ldh = sh.ldh;
   const int64_t* row_begin = rt.row_begin.data();
   const ActRows& ga = b.g_rows;
   float* hbuf = b.h;
-  const int64_t pair_bytes = 2 * block_data_bytes(WeightFormat(h13->format), h13->kp);
-  const std::vector<Item> items = make_items(rt.active, rt.row_begin, sh.pairs, pair_bytes, kGroupBlocks / 2,
-                                             decode_rows(h13), p.threads);
+  const std::vector<Item> items = make_items(rt.active, rt.row_begin, w13.units, w13.unit_bytes, kGroupBlocks / 2,
+                                             w13.decode_rows(), p.threads);
   for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
     alignas(64) float tile[kTokenTile * kMaxPairsPerCall * 32];
     const Item& item = items[it];
-    const PackedMatrixHeader* w = header_at(p.w13, p.w13_stride, item.e);
     const float* bias13 = p.w13_bias ? p.w13_bias + item.e * 2 * inter : nullptr;  // [2I]
     for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
       const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
       for (int64_t j0 = item.u0; j0 < item.u1; j0 += kMaxPairsPerCall) {
         const int64_t nj = std::min(kMaxPairsPerCall, item.u1 - j0), ldc = 32 * nj;
-        gemm(isa, w, ga, r0, m, 2 * j0, 2 * (j0 + nj), tile, ldc);
+        gemm(isa, w13, item.e, ga, r0, m, j0, j0 + nj, tile, ldc);
         for (int64_t r = 0; r < m; ++r)
           for (int64_t jj = 0; jj < nj; ++jj) {
             float* g = tile + r * ldc + 32 * jj;  // 16 gate columns, then 16 up
@@ -492,21 +544,19 @@ void prepare_hidden_rows(const IsaKernels& isa, const ParallelFor& parallel_for,
 // Items write disjoint (row, column) ranges of y.
 void down_items(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for, const Routing& rt,
                 const Shapes& sh, const Buffers& b) {
-  const PackedMatrixHeader* h2 = sh.h2;
+  const Weights& w2 = sh.w2;
   const int64_t H = p.hidden, ldy = sh.ldy;
   const int64_t* row_begin = rt.row_begin.data();
   const ActRows& ha = b.h_rows;
   float* ybuf = b.y;
-  const int64_t block_bytes2 = block_data_bytes(WeightFormat(h2->format), h2->kp);
-  const std::vector<Item> items = make_items(rt.active, rt.row_begin, h2->np / kBlockN, block_bytes2, kGroupBlocks,
-                                             decode_rows(h2), p.threads);
+  const std::vector<Item> items = make_items(rt.active, rt.row_begin, w2.units, w2.unit_bytes, kGroupBlocks,
+                                             w2.decode_rows(), p.threads);
   for_each_item(parallel_for, int64_t(items.size()), [&](int64_t it) {
     const Item& item = items[it];
-    const PackedMatrixHeader* w = header_at(p.w2, p.w2_stride, item.e);
     for (int64_t r0 = row_begin[item.e]; r0 < row_begin[item.e + 1]; r0 += kTokenTile) {
       const int64_t m = std::min(kTokenTile, row_begin[item.e + 1] - r0);
       float* y = ybuf + r0 * ldy + kBlockN * item.u0;
-      gemm(isa, w, ha, r0, m, item.u0, item.u1, y, ldy);
+      gemm(isa, w2, item.e, ha, r0, m, item.u0, item.u1, y, ldy);
       if (p.w2_bias) {
         const int64_t cols = std::min(H, kBlockN * item.u1) - kBlockN * item.u0;
         for (int64_t r = 0; r < m; ++r) add_bias(y + r * ldy, p.w2_bias + item.e * H + kBlockN * item.u0, cols);

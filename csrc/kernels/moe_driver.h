@@ -27,6 +27,21 @@
 namespace ktmoe {
 
 
+// One role's experts as a GGUF file stores them, where they lie: expert e's row i is the row_bytes bytes at
+// data + e * expert_stride + i * row_bytes (blocks of `type`, a decodable row of kernels/ggml/ggml_types.h).
+struct GgmlMatrices {
+  const uint8_t* data;
+  int64_t expert_stride;
+  int64_t row_bytes;
+  const GgmlTypeTraits* type;
+};
+
+// GGML experts in place of w13 / w2: gate and up [E, I, H], down [E, H, I] (I and H multiples of 16).
+struct GgmlExperts {
+  GgmlMatrices gate, up, down;
+  int64_t inter;  // I
+};
+
 // The dtype of the activations x and of out (the model's dtype).
 enum class ActDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -43,6 +58,7 @@ struct MoeProblem {
   int64_t w13_stride;
   const uint8_t* w2;     // [E, w2_stride] packed kDown matrices, n = H, k = I
   int64_t w2_stride;
+  const GgmlExperts* ggml = nullptr;  // GGML experts where they lie instead of w13 / w2 (then unused)
   void* out;             // [T, H] contiguous, same dtype as x
   Activation act;                   // the gated activation (gated_activation.h)
   const float* w13_bias = nullptr;  // [E, 2I] or null: gate bias [0, I), then up bias [I, 2I)
@@ -50,7 +66,8 @@ struct MoeProblem {
   int64_t threads = 1;              // threads of parallel_for (sizes the decode items only)
 };
 
-// Runs the forward. Assumes the caller validated shapes, formats and ids.
+// Runs the forward. Assumes the caller validated shapes, formats and ids (GGML: decodable types, whole
+// blocks per row, I and H multiples of 16).
 void moe_forward(const MoeProblem& p, const IsaKernels& isa, const ParallelFor& parallel_for);
 
 }  // namespace ktmoe

@@ -2,7 +2,8 @@
 
 * :mod:`tests.helpers.cache_layer` -- a small KTMoE with a cache directory, and how to drive it;
 * :mod:`tests.helpers.hf_models` -- tiny random transformers MoE models and their comparisons.
-* :mod:`tests.helpers.native_program` -- build and run a torch-free native test program.
+* :mod:`tests.helpers.native_program` -- build and run a torch-free native test program;
+* :mod:`tests.helpers.gguf_files` -- GGUF files written by the `gguf` package: random blocks, experts, splits.
 """
 import os
 

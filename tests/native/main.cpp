@@ -21,7 +21,7 @@
 // KTMOE_TEST_SEED=n runs the same checks on other random data.
 //
 // One file per kernel family (test_pack, test_gemm, test_activations, test_conversions,
-// test_driver, test_fp8, test_amx, test_int4_avx2, test_avx2_vnni, test_mxfp4), the references they share
+// test_driver, test_fp8, test_amx, test_int4_avx2, test_avx2_vnni, test_mxfp4, test_ggml), the references they share
 // (reference.h, packed_reference, moe_reference),
 // the ISA tables run (isa_tables) and the check macros (check.h).
 #include <chrono>
@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   test_int4_avx2(isas, rng);
   test_avx2_vnni(rng);
   test_mxfp4(isas, rng);
+  test_ggml(isas, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

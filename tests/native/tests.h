@@ -40,6 +40,8 @@ void test_accuracy(const std::vector<Isa>& isas, Rng& rng, int64_t E = 4, int64_
 void test_fp8(const std::vector<Isa>& isas, Rng& rng);  // test_fp8.cpp: e4m3 decode, kFP8 packing, gemm_fp8
 // test_int4_affine.cpp: kINT4A exact and dense packing, gemm_int4_affine
 void test_int4_affine(const std::vector<Isa>& isas, Rng& rng);
+// test_ggml.cpp: gemm_ggml of every ISA over GGML rows: the decoder's weights exactly, fp32 sums, any split
+void test_ggml(const std::vector<Isa>& isas, Rng& rng);
 // test_mxfp4.cpp: e2m1 / E8M0 values, kMXFP4 exact and dense packing, gemm_mxfp4 of every ISA
 void test_mxfp4(const std::vector<Isa>& isas, Rng& rng);
 

@@ -9,6 +9,7 @@
 //                          the tile loops of gemm_decoded_avx512.h
 //   gemm_nibble_int16_avx512.cpp  kMXFP4 (generic's bits) and kINT4A by int16 activations and
 //                          vpdpwssd: not in this table; the amx table's decode rows (kernels_amx.cpp)
+//   gemm_ggml_avx512.cpp   GGML rows where they lie: each row decoded exactly, then fp32 dots
 //   elementwise_avx512.cpp gated_act, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
 #include "kernels/isa_kernels.h"
@@ -22,7 +23,7 @@ const IsaKernels& avx512_kernels() {
   static const IsaKernels table{"avx512",          avx512::gemm_bf16, avx512::gemm_int8,
                                 avx512::gemm_int4, avx512::gemm_fp8, avx512::gated_act, avx512::quantize_rows,
                                 avx512::to_bf16,   avx512::f16_to_f32, avx512::f32_to_f16, avx512::gemm_int4_affine,
-                                avx512::gemm_mxfp4};
+                                avx512::gemm_mxfp4, avx512::gemm_ggml};
   return table;
 }
 
