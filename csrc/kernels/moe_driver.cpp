@@ -141,7 +141,8 @@ struct Layout {
 //   units        what items cut: w13 block pairs (16 gate + 16 up outputs), w2 blocks (16 outputs); a
 //                GGML matrix's 16 rows are its block of 16 outputs (I, H multiples of 16)
 //   gemm         c[r][·] = rows [r0, r0+m) of a times units [u0, u1) of expert e, per w13 pair 16 gate
-//                columns then 16 up (the packed kGateUp interleave; GGML: two gemm_ggml calls per pair)
+//                columns then 16 up (the packed kGateUp interleave; GGML: one gemm_ggml call per matrix over
+//                all the units, gate and up then interleaved)
 struct Weights {
   // packed
   const PackedMatrixHeader* h = nullptr;  // expert 0's header (all experts of a layer share it)
@@ -248,13 +249,25 @@ void gemm(const IsaKernels& isa, const Weights& w, int64_t e, const ActRows& a, 
     else (isa.*w.traits->gemm_int8)(h, a.quantized(r0), m, b0, b1, c, ldc);
     return;
   }
+  // One gemm_ggml call per matrix over all the units' rows (a call prepares its activation rows once).
   const uint16_t* rows = a.bf16 + r0 * a.ld;
-  const int parts = w.ggml[1] ? 2 : 1;  // w13: 16 gate, then 16 up columns per unit
-  for (int64_t u = u0; u < u1; ++u)
-    for (int part = 0; part < parts; ++part) {
-      const GgmlMatrices& g = *w.ggml[part];
-      isa.gemm_ggml(*g.type, g.data + e * g.expert_stride + kBlockN * u * g.row_bytes, g.row_bytes, kBlockN, w.kp,
-                    rows, a.ld, m, c + (u - u0) * kBlockN * parts + kBlockN * part, ldc);
+  const int64_t n = kBlockN * (u1 - u0);
+  const auto rows_of = [&](const GgmlMatrices& g) { return g.data + e * g.expert_stride + kBlockN * u0 * g.row_bytes; };
+  const GgmlMatrices& first = *w.ggml[0];
+  if (w.ggml[1] == nullptr) {  // w2: the units' rows are c's columns
+    isa.gemm_ggml(*first.type, rows_of(first), first.row_bytes, n, w.kp, rows, a.ld, m, c, ldc);
+    return;
+  }
+  // w13: gate's and up's rows side by side in a thread-local tile, then per unit 16 gate and 16 up columns of c
+  thread_local std::vector<float> tile;
+  tile.resize(size_t(2 * m * n));
+  const GgmlMatrices& up = *w.ggml[1];
+  isa.gemm_ggml(*first.type, rows_of(first), first.row_bytes, n, w.kp, rows, a.ld, m, tile.data(), n);
+  isa.gemm_ggml(*up.type, rows_of(up), up.row_bytes, n, w.kp, rows, a.ld, m, tile.data() + m * n, n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t u = 0; u < u1 - u0; ++u) {
+      std::memcpy(c + r * ldc + 2 * kBlockN * u, tile.data() + r * n + kBlockN * u, kBlockN * 4);
+      std::memcpy(c + r * ldc + 2 * kBlockN * u + kBlockN, tile.data() + (m + r) * n + kBlockN * u, kBlockN * 4);
     }
 }
 
