@@ -23,9 +23,9 @@ test: build
 
 # Canary, not part of `make test` or CI: the newest release of every upstream the tests depend on, in its
 # own venv (build/latest-venv): torch and transformers upgraded past requirements.txt's pins, the rest of
-# requirements.txt upgraded too (== pins kept). The extension is built against that torch in a copy of the
-# working tree (build/latest-tree: tracked and untracked files git does not ignore, their times kept, so
-# its build/ recompiles only what changed), installed into the venv as a user would
+# requirements.txt upgraded too (== pins kept). The extension is built against that torch in a fresh copy of
+# the working tree (build/latest-tree: tracked and untracked files git does not ignore; built from scratch, as
+# a copy's file times cannot tell which objects are stale), installed into the venv as a user would
 # (`pip install --no-build-isolation`), then the whole suite runs in the copy. A release shows up here the
 # day it appears, while `make test` stays on the pins; a failure says what to support before moving them.
 LATEST_VENV  := build/latest-venv
@@ -37,10 +37,9 @@ test-latest:
 	grep -v -E '^(torch|transformers)([^a-z_-]|$$)' requirements.txt > $(LATEST_VENV)/requirements-unpinned.txt
 	$(LATEST_PY) -m pip install -q --upgrade pip
 	$(LATEST_PY) -m pip install -q --upgrade torch transformers -r $(LATEST_VENV)/requirements-unpinned.txt
-	mkdir -p $(LATEST_TREE)
-	find $(LATEST_TREE) -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+	rm -rf $(LATEST_TREE) && mkdir -p $(LATEST_TREE)
 	git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null \
-		| tar -xf - -C $(LATEST_TREE)
+		| tar -xmf - -C $(LATEST_TREE)
 	cd $(LATEST_TREE) && $(LATEST_PY) -m pip install -q --no-build-isolation --no-deps .
 	cd / && $(LATEST_PY) -c "import torch_ktmoe, torch, transformers; print('canary: torch', torch.__version__, \
 		'/ transformers', transformers.__version__, '/ torch_ktmoe', torch_ktmoe.__version__, 'installed')"
