@@ -1,8 +1,11 @@
 """``python -m torch_ktmoe inspect FILE.gguf``: the experts' types, shapes and bytes per layer, the totals; a file
-that is not a readable GGUF is one line on stderr, exit code 2."""
+that is not a readable GGUF is one line on stderr, exit code 2. ``pack FILE.gguf DIR``: the experts packed into the
+cache that ``from_pretrained(gguf_file=..., weight_format=..., mmap_experts_dir=DIR)`` maps."""
 from gguf import GGMLQuantizationType as Q
 
+import torch_ktmoe.hf as kh
 from tests.helpers.gguf_files import write_moe_gguf
+from tests.helpers.gguf_models import tiny_model, write_model_gguf
 from torch_ktmoe.__main__ import main
 
 
@@ -33,3 +36,20 @@ def test_inspect_bad_gguf_is_one_line(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "bad.gguf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.gguf" in err and "GGUF version 0" in err
+
+
+def test_pack_a_gguf_then_load_from_its_cache(tmp_path, capsys):
+    write_model_gguf(tiny_model("qwen3_moe"), tmp_path / "model.gguf", expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K))
+    cache = tmp_path / "cache"
+    assert main(["pack", str(tmp_path / "model.gguf"), str(cache), "--format", "int8", "--quiet"]) == 0
+    assert "packed 2 layers" in capsys.readouterr().out
+    model = kh.from_pretrained(tmp_path, gguf_file="model.gguf", weight_format="int8", mmap_experts_dir=cache,
+                               progress=False)
+    assert all(model.model.layers[n].mlp.experts.ktmoe.cache_hit for n in (0, 1))
+
+
+def test_pack_refuses_a_gguf_without_experts_in_one_line(tmp_path, capsys):
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(30))
+    assert main(["pack", str(tmp_path / "bad.gguf"), str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GGUF version 0" in err and not (tmp_path / "cache").exists()

@@ -372,3 +372,46 @@ def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_p
     first._predictor = first._following = None
     first.forward(x, ids, w)
     assert first._predictor is None and len(reads) == 1  # asked again next forward, nothing read
+
+
+def test_llamafile_runs_a_gguf_in_place_with_a_gpu_split(tmp_path):
+    """--kt-method LLAMAFILE: the layer's experts where the GGUF in --kt-weight-path holds them (all E mapped,
+    the GPU experts never routed to), any physical-to-logical map; the same as the op over the file's blocks."""
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.helpers.gguf_files import write_moe_gguf
+    from torch_ktmoe import ops
+
+    types = {"gate": Q.Q8_0, "up": Q.Q4_0, "down": Q.Q8_0}
+    write_moe_gguf(tmp_path / "model.gguf", layers=L + 1, experts=E, hidden=H, inter=I, types=types, sane=True)
+    mask = torch.tensor([False, True, False, True, True, False])
+    perm = torch.tensor([5, 0, 3, 1, 2, 4])
+    wr = _wrapper(str(tmp_path), method="LLAMAFILE", num_gpu_experts=None, gpu_experts_mask=mask,
+                  mmap_experts_dir=str(tmp_path / "unused"))
+    assert wr.weight_format == "gguf"
+    wr.load_weights(perm)
+    assert wr.moe.num_experts == E and wr.moe.gguf.mapped and not (tmp_path / "unused").exists()
+    x, ids, w = _routing(15)
+    gate, up, down = wr.moe.gguf.gate, wr.moe.gguf.up, wr.moe.gguf.down
+    logical = torch.where(mask[ids.long()], -1, perm[ids.long()])
+    want = ops.moe_forward_ggml(x, logical, w, gate, up, down, [types[r] for r in ("gate", "up", "down")])
+    assert torch.equal(wr.forward(x, ids, w), want)
+    gate_up = torch.cat([ops.ggml_dequantize(gate, Q.Q8_0), ops.ggml_dequantize(up, Q.Q4_0)], 1)
+    ref = moe_reference(x.float(), logical, w, gate_up, ops.ggml_dequantize(down, Q.Q8_0))
+    assert _rel(want, ref) <= FORMAT_TOLERANCE["bf16"]
+
+
+def test_llamafile_bad_directories_are_named(tmp_path):
+    from tests.helpers.gguf_files import write_moe_gguf
+
+    with pytest.raises(FileNotFoundError, match="holds no \\*.gguf file"):
+        _wrapper(str(tmp_path), method="LLAMAFILE").load_weights(None)
+    write_moe_gguf(tmp_path / "a.gguf", layers=2, experts=E, hidden=256, inter=256)
+    with pytest.raises(ValueError, match="no routed experts for layer 3"):
+        _wrapper(str(tmp_path), method="LLAMAFILE").load_weights(None)
+    write_moe_gguf(tmp_path / "a.gguf", layers=4, experts=E, hidden=256, inter=256)
+    with pytest.raises(ValueError, match=r"\(E, H, I\) = \(6, 256, 256\), sglang's layer \(6, 64, 32\)"):
+        _wrapper(str(tmp_path), method="LLAMAFILE").load_weights(None)
+    write_moe_gguf(tmp_path / "b.gguf", layers=4, experts=E, hidden=256, inter=256)
+    with pytest.raises(ValueError, match="holds 2 GGUF models"):
+        _wrapper(str(tmp_path), method="LLAMAFILE").load_weights(None)

@@ -101,7 +101,8 @@ def main(argv=None) -> int:
                           help="patch a Qwen3-MoE-shaped model and generate, anonymous vs file-backed")
     demo.set_defaults(func=cmd_demo)
     pack = sub.add_parser("pack", help="prebuild the packed expert cache files of a checkpoint into DIR")
-    pack.add_argument("checkpoint", help="checkpoint directory (or hub id) with *.safetensors")
+    pack.add_argument("checkpoint", help="checkpoint directory (or hub id) with *.safetensors, or a FILE.gguf (a "
+                      "split's first part; see docs/formats.md: GGUF experts run in place without packing)")
     pack.add_argument("dir", help="cache directory (mmap_experts_dir of later runs)")
     pack.add_argument("--format", default="bf16", choices=WEIGHT_FORMATS)
     pack.add_argument("--group-size", type=int, default=0,

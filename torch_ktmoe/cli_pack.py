@@ -1,4 +1,5 @@
-"""``python -m torch_ktmoe pack CHECKPOINT DIR``: prebuild the packed expert cache files of a checkpoint.
+"""``python -m torch_ktmoe pack CHECKPOINT DIR``: prebuild the packed expert cache files of a checkpoint (a
+safetensors directory, or a GGUF file: its experts dequantized exactly and packed into ``--format``).
 
 Everything that can be judged before loading is judged first, and a refusal is one line on
 stderr, exit code 2, with nothing created: the output is a file, empty, or under a file; the
@@ -60,14 +61,29 @@ def _header(path: str) -> dict:
     return header
 
 
-def least_packed_bytes(checkpoint: str, weight_format: str) -> int:
-    """A lower bound of the disk space the cache files of ``checkpoint`` take in ``weight_format``:
-    per layer, its expert weights at the format's code bits, each of its two packed tensors
-    (gate/up and down) rounded up to the 2 MiB alignment of a cache file."""
-    from .ops import FORMAT_TRAITS
+def is_gguf(checkpoint: str) -> bool:
+    return checkpoint.endswith(".gguf") and os.path.isfile(checkpoint)
 
-    bits = FORMAT_TRAITS[weight_format]["code_bits"]
-    params: dict[str, int] = {}  # per experts block (the key before ".experts.")
+
+def _gguf_layers(checkpoint: str):
+    """The routed experts of each layer of a GGUF file (PackRefused naming what is wrong with it)."""
+    from .checkpoint.gguf import GGUFError, expert_layers, open_gguf
+
+    try:
+        layers = expert_layers(open_gguf(checkpoint))
+    except (GGUFError, OSError) as e:
+        raise PackRefused(str(e)) from None
+    if not layers:
+        raise PackRefused(f"GGUF file {checkpoint!r} has no routed experts (blk.N.ffn_*_exps.weight)")
+    return layers
+
+
+def _expert_params(checkpoint: str) -> dict[str, int]:
+    """Weights of the experts per experts block (the key before ".experts."; a GGUF's layer)."""
+    if is_gguf(checkpoint):
+        return {str(layer.layer): 3 * layer.shape[0] * layer.shape[1] * layer.shape[2]
+                for layer in _gguf_layers(checkpoint)}
+    params: dict[str, int] = {}
     for path in _safetensors_files(checkpoint):
         for key, info in _header(path).items():
             if ".experts." not in key or key.endswith(("bias", "scales", "_scale")) or not isinstance(info, dict):
@@ -77,8 +93,18 @@ def least_packed_bytes(checkpoint: str, weight_format: str) -> int:
                 numel *= int(d) if isinstance(d, int) and d >= 0 else 0
             block = key.split(".experts.")[0]
             params[block] = params.get(block, 0) + numel
+    return params
+
+
+def least_packed_bytes(checkpoint: str, weight_format: str) -> int:
+    """A lower bound of the disk space the cache files of ``checkpoint`` take in ``weight_format``:
+    per layer, its expert weights at the format's code bits, each of its two packed tensors
+    (gate/up and down) rounded up to the 2 MiB alignment of a cache file."""
+    from .ops import FORMAT_TRAITS
+
+    bits = FORMAT_TRAITS[weight_format]["code_bits"]
     total = 0
-    for p in params.values():  # gate and up are two thirds of a SwiGLU expert's weights, down one third
+    for p in _expert_params(checkpoint).values():  # gate and up are two thirds of a SwiGLU expert's weights, down one third
         for share in (p * 2 // 3, p // 3):
             total += -(-max(share * bits // 8, 1) // ALIGN) * ALIGN
     return total
@@ -128,9 +154,11 @@ def check(checkpoint: str, directory: str, weight_format: str, group_size: int) 
         grouped = [n for n, r in FORMAT_TRAITS.items() if r["group"] in takes_group]
         raise PackRefused(f"--group-size {group_size}: must be a positive multiple of 32, for a grouped format "
                           f"({', '.join(grouped)}), not {weight_format}")
-    if os.path.lexists(checkpoint):
+    if is_gguf(checkpoint):
+        _gguf_layers(checkpoint)
+    elif os.path.lexists(checkpoint):
         if not os.path.isdir(checkpoint):
-            raise PackRefused(f"checkpoint {checkpoint!r} is not a directory")
+            raise PackRefused(f"checkpoint {checkpoint!r} is not a directory (nor a *.gguf file)")
         if is_packed_dir(checkpoint):
             raise PackRefused(f"{checkpoint!r} is a packed model directory: its experts are packed already "
                               "(load it with torch_ktmoe.hf.from_pretrained; there is nothing to pack)")
@@ -165,8 +193,8 @@ def check_space(checkpoint: str, directory: str, weight_format: str) -> None:
 
 
 def resolve(checkpoint: str) -> str:
-    """The local checkpoint directory (a hub id is downloaded)."""
-    if os.path.isdir(checkpoint):
+    """The local checkpoint directory or GGUF file (a hub id is downloaded)."""
+    if os.path.isdir(checkpoint) or is_gguf(checkpoint):
         return checkpoint
     from .hf.streaming import _resolve_dir
 
@@ -198,8 +226,10 @@ def pack(args) -> int:
     created = not os.path.isdir(args.dir)
     os.makedirs(args.dir, exist_ok=True)
     t0 = time.perf_counter()
+    source = {"pretrained_model_name_or_path": os.path.dirname(checkpoint) or ".", "gguf_file": checkpoint} \
+        if is_gguf(checkpoint) else {"pretrained_model_name_or_path": checkpoint}
     try:
-        model = hf.from_pretrained(checkpoint, mmap_experts_dir=args.dir, weight_format=args.format,
+        model = hf.from_pretrained(**source, mmap_experts_dir=args.dir, weight_format=args.format,
                                    cache="rebuild", progress=not args.quiet,
                                    ktmoe_kwargs={"group_size": args.group_size} if args.group_size else None,
                                    pack_linears=False, decode_attention=False)  # only the experts' files count

@@ -10,6 +10,7 @@ from torch import nn
 from . import cache as _cache
 from . import layer_copies, model_warm, ops
 from ._native import _C
+from .gguf_experts import GGUFExperts
 from .layer_arenas import LayerArenas
 from .part_packing import exact_companions, pack_part
 from .next_layer import PredictionRecall
@@ -19,6 +20,7 @@ from .paths import utf8_path
 
 
 WARM_MODES = ("auto", "none", "blocking", "background")
+GGUF_FORMAT = "gguf"  # weight_format of a layer whose experts are GGML blocks where a GGUF file holds them
 PREFETCH_MODES = ("auto", True, False)
 
 
@@ -28,7 +30,9 @@ class KTMoE(nn.Module):
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape
             (E, k, H, I).
-        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``, ``"int4_affine"`` or ``"mxfp4"`` (docs/formats.md).
+        weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``, ``"int4_affine"`` or ``"mxfp4"`` (docs/formats.md),
+            or ``"gguf"``: the experts are a GGUF file's blocks where they lie, given to :meth:`load_gguf` (one NUMA
+            part; nothing packed, nothing in ``mmap_experts_dir``).
         mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
             directory keeps them in ``MAP_SHARED`` files under it, one per
             (layer, NUMA part), named from ``layer_idx``: clean page cache that the
@@ -124,16 +128,20 @@ class KTMoE(nn.Module):
         params = ops.activation_params(activation, activation_params)  # ValueError naming what is wrong
         if warm not in WARM_MODES:
             raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
-        if weight_format not in ops.WEIGHT_FORMATS:
-            raise ValueError(f"weight_format must be one of {ops.WEIGHT_FORMATS}, got {weight_format!r}")
+        if weight_format not in ops.WEIGHT_FORMATS and weight_format != GGUF_FORMAT:
+            raise ValueError(f"weight_format must be one of {(*ops.WEIGHT_FORMATS, GGUF_FORMAT)}, got {weight_format!r}")
         nodes = _C.numa_node_count()
-        parts = nodes if numa_parts is None else int(numa_parts)
+        gguf = weight_format == GGUF_FORMAT
+        parts = (1 if gguf else nodes) if numa_parts is None else int(numa_parts)
         if not 1 <= parts <= intermediate_size:
             raise ValueError(f"numa_parts must be in [1, intermediate_size={intermediate_size}], got {parts}")
+        if gguf and parts != 1:
+            raise ValueError(f"weight_format='gguf' runs the GGUF file's experts as one part, got numa_parts={parts}")
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.weight_format, self.layer_idx = weight_format, int(layer_idx)
-        self.group_size = ops.default_group_size(weight_format) if group_size is None else int(group_size)
+        self.group_size = (0 if gguf else ops.default_group_size(weight_format)) if group_size is None else int(group_size)
+        self.gguf: Optional[GGUFExperts] = None  # weight_format="gguf": the blocks (load_gguf)
         self.warm_mode = warm
         self.prefetch_mode = prefetch
         self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
@@ -172,7 +180,23 @@ class KTMoE(nn.Module):
 
     @property
     def loaded(self) -> bool:
-        return self.w13_0.numel() > 0
+        return self.w13_0.numel() > 0 or self.gguf is not None
+
+    def load_gguf(self, experts: GGUFExperts) -> None:
+        """Use a GGUF file's experts where they lie (``weight_format="gguf"``): gate [E, I, .], up [E, I, .],
+        down [E, H, .] GGML blocks of any decodable types (:class:`torch_ktmoe.gguf_experts.GGUFExperts`, e.g.
+        from :func:`torch_ktmoe.checkpoint.gguf.layer_experts`). Nothing is copied: the tensors are kept as given
+        (a mapping of the file stays the file's page cache). Their shape must be the layer's (E, H, I)."""
+        where = f"KTMoE(layer {self.layer_idx})"
+        if self.weight_format != GGUF_FORMAT:
+            raise ValueError(f"{where}: load_gguf needs weight_format='gguf', this layer is {self.weight_format!r} "
+                             "(dequantize the GGUF experts and load_weights_separate them to pack them instead)")
+        if not isinstance(experts, GGUFExperts):
+            raise TypeError(f"{where}: load_gguf takes a GGUFExperts, got {type(experts).__name__}")
+        self.gguf = GGUFExperts.of(experts.gate, experts.up, experts.down, experts.ggml_types, experts.source,
+                                   mapped=experts.mapped, where=where,
+                                   shape=(self.num_experts, self.hidden_size, self.intermediate_size))
+        self.cache_events, self.cache_fingerprint = [], None
 
     def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
                      fingerprint: Optional[str] = None, gate_up_bias: Optional[torch.Tensor] = None,
@@ -298,6 +322,9 @@ class KTMoE(nn.Module):
 
     def _pack(self, gate, up, down, fingerprint: Optional[str] = None, exact=None):
         self._check_shape("down", down, (self.num_experts, self.hidden_size, self.intermediate_size))
+        if self.weight_format == GGUF_FORMAT:
+            raise ValueError(f"KTMoE(layer {self.layer_idx}): weight_format='gguf' takes a GGUF file's experts "
+                             "with load_gguf(); dense weights need a packed format (e.g. 'bf16', 'int8')")
         if self.cache == "map":
             raise ValueError(f"KTMoE(layer {self.layer_idx}): cache='map' only maps kept files "
                              f"(try_load_cached); it never packs weights into {self.mmap_experts_dir}")
@@ -410,8 +437,16 @@ class KTMoE(nn.Module):
                  prefetch: bool) -> torch.Tensor:
         buffers = self._buffers  # direct: nn.Module.__getattr__ costs a few us per buffer
         w13 = buffers["w13_0"]
+        if self.gguf is not None:
+            shape = hidden_states.shape
+            x = hidden_states.reshape(-1, self.hidden_size)
+            ids = topk_ids.reshape(x.shape[0], -1)
+            out = self.gguf.forward(x, ids, topk_weights.reshape(x.shape[0], -1), buffers["b13_0"], buffers["b2_0"],
+                                    *self._activation_args)
+            return out.reshape(shape)
         if w13.numel() == 0:
-            raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() before forward()")
+            raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() (load_gguf() for "
+                               "weight_format='gguf') before forward()")
         plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
         if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
             # decode's common case: nothing to reshape, straight to the op (it checks the rest)
@@ -450,10 +485,16 @@ class KTMoE(nn.Module):
     # ---------------------------------------------------------------- reporting
     @property
     def packed_bytes(self) -> int:
+        """Bytes of the experts as the kernels read them (a GGUF layer's: its blocks)."""
+        if self.gguf is not None:
+            return self.gguf.nbytes
         return sum(w13.numel() + w2.numel() for w13, w2 in self.packed_tensors())
 
     @property
     def file_backed_bytes(self) -> int:
+        """Bytes of the experts in files (arena files, or the GGUF file a GGUF layer maps)."""
+        if self.gguf is not None:
+            return self.gguf.nbytes if self.gguf.mapped else 0
         return self.arenas.file_backed_bytes
 
     def arena_stats(self) -> List[dict]:
@@ -461,7 +502,10 @@ class KTMoE(nn.Module):
         return self.arenas.stats()
 
     def extra_repr(self) -> str:
-        if self.mmap_experts_dir is None:
+        if self.gguf is not None:
+            storage = f"GGUF {'/'.join(self.gguf.type_names)} in place" + (f" in {self.gguf.source}"
+                                                                              if self.gguf.source else "")
+        elif self.mmap_experts_dir is None:
             storage = "anonymous"
         elif self.loaded and self.file_backed_bytes == self.packed_bytes:
             storage = f"file-backed in {self.mmap_experts_dir}"

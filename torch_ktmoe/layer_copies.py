@@ -43,6 +43,10 @@ def reduce_layer(layer):
     biases = layer.biases()  # small: always by value
     if not layer.loaded:
         return (unpickle_ktmoe, (type(layer), kwargs, None, biases))
+    if layer.gguf is not None:
+        raise TypeError(f"cannot pickle {where}: its experts are a GGUF file's blocks where they lie "
+                        f"({layer.gguf!r}); copying them by value would turn them into anonymous memory. Load the "
+                        "GGUF in the receiver (it maps the same file), or copy.deepcopy in-process.")
     stats = layer.arena_stats()
     if all(s["file_backed_bytes"] == 0 for s in stats):  # anonymous: by value
         data = [(w13.numpy().copy(), w2.numpy().copy()) for w13, w2 in layer.packed_tensors()]

@@ -6,7 +6,8 @@ that leaves ``path`` is refused), sorted by name:
 
 * its name, size and mtime (a rewritten shard changes them);
 * a safetensors shard's whole JSON header (every tensor's name, dtype, shape and data offsets, and
-  the file's metadata), so another layout, dtype or set of tensors is a different checkpoint;
+  the file's metadata), so another layout, dtype or set of tensors is a different checkpoint (a GGUF
+  file, hashed by :func:`files_fingerprint`: its first MiB, where its metadata and tensor table lie);
 * a content sample: :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` at fixed, evenly spaced offsets
   of the file (a file up to :data:`WHOLE_FILE_BYTES`, e.g. ``config.json``, is hashed whole).
 
@@ -37,6 +38,7 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".json")
 SAMPLES = 64
 SAMPLE_BYTES = 4096
 WHOLE_FILE_BYTES = SAMPLES * SAMPLE_BYTES
+GGUF_HEADER_BYTES = 1 << 20
 SETTLED_NS = 2_000_000_000  # coarser than any file system's ctime (FAT: 2 s)
 _MEMO_SIZE = 16
 _memo: dict[tuple, bytes] = {}  # (path, the files' stat) -> digest of the files
@@ -48,15 +50,21 @@ def checkpoint_fingerprint(path, extra: str = "") -> str:
     samples; see the module docstring) plus ``extra``."""
     path = os.fspath(path)
     names = sorted({n for n in os.listdir(path) if n.endswith(CHECKPOINT_SUFFIXES)} | set(index_shard_names(path)))
-    stats = [os.stat(os.path.join(path, n)) for n in names]
-    key = (os.path.abspath(path), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
+    return files_fingerprint([os.path.join(path, n) for n in names], names, extra)
+
+
+def files_fingerprint(files: list[str], names: list[str], extra: str = "") -> str:
+    """``blake2b`` of ``files`` (each hashed under its name in ``names``: name, size, mtime, a safetensors
+    header or a GGUF file's first :data:`GGUF_HEADER_BYTES`, content samples) plus ``extra``."""
+    stats = [os.stat(f) for f in files]
+    key = (tuple(os.path.abspath(f) for f in files), tuple((n, *_identity(st)) for n, st in zip(names, stats)))
     with _memo_lock:
         digest = _memo.get(key)
     if digest is None:
         started = time.time_ns()
         h = hashlib.blake2b(digest_size=20)
-        for name in names:
-            _hash_file(h, os.path.join(path, name), name)
+        for file, name in zip(files, names):
+            _hash_file(h, file, name)
         digest = h.digest()
         if all(st.st_ctime_ns < started - SETTLED_NS for st in stats):
             with _memo_lock:
@@ -77,6 +85,8 @@ def _hash_file(h, file: str, name: str) -> None:
         h.update(b"|file:" + os.fsencode(name) + f":{st.st_size}:{st.st_mtime_ns}".encode())
         if name.endswith(".safetensors"):
             h.update(b"|header:" + safetensors_header(fd, st.st_size, file))
+        elif name.endswith(".gguf"):  # its metadata and tensor table (types, shapes, offsets) lead the file
+            h.update(b"|header:" + read_exactly(fd, 0, min(st.st_size, GGUF_HEADER_BYTES), file))
         h.update(b"|sample:")
         for offset, length in sample_ranges(st.st_size):
             h.update(read_exactly(fd, offset, length, file))

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import ops
+from ..gguf_experts import GGUFExperts
 from .files import open_regular
 
 MAGIC = b"GGUF"
@@ -301,6 +302,18 @@ class ExpertLayer:
     @property
     def nbytes(self) -> int:
         return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
+    @property
+    def ggml_types(self) -> Tuple[int, int, int]:
+        return self.gate.ggml_type, self.up.ggml_type, self.down.ggml_type
+
+
+def layer_experts(model: GGUFModel, layer: ExpertLayer) -> GGUFExperts:
+    """The layer's experts where they lie (:meth:`GGUFModel.rows`: mapped, no copy), for
+    :meth:`torch_ktmoe.KTMoE.load_gguf`. ValueError when a role's type is one torch_ktmoe does not read."""
+    files = sorted({os.path.basename(t.file) for t in (layer.gate, layer.up, layer.down)})
+    return GGUFExperts.of(model.rows(layer.gate), model.rows(layer.up), model.rows(layer.down), layer.ggml_types,
+                          ", ".join(files), mapped=True, where=f"GGUF {files[0]!r} layer {layer.layer}")
 
 
 _EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")

@@ -295,11 +295,15 @@ def dense_experts(ktmoe, dtype: torch.dtype | None = None) -> tuple[torch.Tensor
     """(gate_up_proj [E, 2I, H], down_proj [E, H, I]) of a loaded KTMoE, unpacked.
 
     bf16 experts come back exactly; int8 / int4 are dequantized (what the kernels
-    multiply, not the original weights) with a warning. ``dtype`` casts the result; a
+    multiply, not the original weights) with a warning; GGUF experts as their blocks' exact values. ``dtype`` casts the result; a
     ``dtype`` other than bf16 warns too (fp32 / fp16 experts were rounded to bf16 when packed).
     """
-    gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
-    lossy = _lossy_unpack(fmt, dtype)
+    if ktmoe.gguf is not None:  # the GGUF blocks' exact values, fp32
+        gate_up, down = ktmoe.gguf.dense()
+        lossy = None if dtype in (None, torch.float32) else f"GGUF experts as {dtype} weights: rounded from their exact values"
+    else:
+        gate_up, down, fmt = unpack_experts(ktmoe.packed_tensors())
+        lossy = _lossy_unpack(fmt, dtype)
     if lossy is not None:
         warnings.warn(
             f"torch_ktmoe: writing {lossy}, not the original checkpoint's (a reload computes what the patched "

@@ -21,7 +21,7 @@ import torch
 from ..checkpoint import (INT4_QUANT_METHODS, MOE_BLOCK_NAMES, SafetensorsCheckpoint, check_int4_config, checkpoint_fingerprint,
                           exact_format, exact_group_size, find_experts, load_experts, reader_experts)
 from ..memory import release_free_heap
-from . import packed_dir
+from . import gguf_load, packed_dir
 from .experts import experts_dims
 from .fast_defaults import apply_defaults, check_switches
 from .fp8_dense import dequantize_loaded_fp8, is_scale_key
@@ -229,9 +229,39 @@ def _stream_experts(model, path: str, entries, weight_format: str | None, mmap_e
             account(report, b, ktm, 0)
 
 
+def _from_gguf(path, gguf_file, model_class, dtype, weight_format: str | None, mmap_experts_dir, ktmoe_kwargs: dict,
+               strict: bool, progress: bool, hf_kwargs: dict):
+    """(model, report) of a GGUF file (:mod:`.gguf_load`): its config, its dense weights dequantized through
+    transformers' own load, its experts in place (or packed into ``weight_format``)."""
+    for key in ("config", "state_dict", "quantization_config"):
+        if hf_kwargs.get(key) is not None:
+            raise ValueError(f"torch_ktmoe.hf.from_pretrained(gguf_file=...) reads the model from the GGUF file; "
+                             f"{key}= cannot be given with it")
+    gguf_path, gguf, config = gguf_load.open_gguf_model(path, gguf_file)
+    model_class = model_class or gguf_load.causal_lm_class(config)
+    dtype = torch.float32 if dtype is None else dtype
+    meta = gguf_load.meta_model(model_class, config)
+    state = gguf_load.dense_state_dict(gguf, meta, dtype, progress)
+    unread = gguf_load.unread_tensors(gguf, state, meta)
+    if unread:
+        import warnings
+
+        warnings.warn(f"torch_ktmoe: {len(unread)} tensors of {gguf_path!r} have no place in "
+                      f"{model_class.__name__} and are not read, e.g. {unread[:3]}", UserWarning, stacklevel=3)
+    del meta
+    model, swap = _load_without_experts(model_class, None, {**hf_kwargs, "config": config, "state_dict": state,
+                                                            "dtype": dtype}, strict)
+    del state
+    report = PatchReport(refused=list(swap.refused))
+    gguf_load.load_gguf_experts(gguf, gguf_path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report,
+                                progress)
+    return model, report
+
+
 def from_pretrained(
     pretrained_model_name_or_path,
     *,
+    gguf_file: str | os.PathLike | None = None,
     mmap_experts_dir: str | os.PathLike | None = None,
     weight_format: str | None = None,
     dtype=None,
@@ -286,13 +316,18 @@ def from_pretrained(
     Next-layer prefetch is wired as by ``patch_model`` (``ktmoe_kwargs={"next_layer_prefetch": ...}``).
     """
     check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
+    ktmoe_kwargs = dict(ktmoe_kwargs or {})
+    if cache is not None:
+        ktmoe_kwargs["cache"] = cache
+    if gguf_file is not None:
+        model, report = _from_gguf(pretrained_model_name_or_path, gguf_file, model_class,
+                                   torch_dtype if dtype is None else dtype, weight_format, mmap_experts_dir,
+                                   ktmoe_kwargs, strict, progress, hf_kwargs)
+        return _finish(model, report, pack_linears, decode_attention)
     path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
                                            hf_kwargs)
     packed = packed_dir.packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir,
                                           cache=cache)
-    ktmoe_kwargs = dict(ktmoe_kwargs or {})
-    if cache is not None:
-        ktmoe_kwargs["cache"] = cache
     model, swap = _load_without_experts(model_class, path, hf_kwargs, strict)
     dequantize_loaded_fp8(model, path, swap.experts_prefixes(model))
     dequantize_loaded_int4(model, path, swap.int4_keys)
@@ -302,8 +337,13 @@ def from_pretrained(
         mark_config(model)
     else:
         _stream_experts(model, path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report, progress)
-        if not report.refused:
-            mark_config(model)
+    return _finish(model, report, pack_linears, decode_attention)
+
+
+def _finish(model, report: PatchReport, pack_linears: bool, decode_attention: bool):
+    """The loaders' common end: the config marked, the fast defaults, next-layer prefetch, the report."""
+    if not report.refused:
+        mark_config(model)
     apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
     attach_next_layer(model, report)
     release_free_heap()  # the dense staging buffers of the stream and the packed linears' dense weights, to the OS

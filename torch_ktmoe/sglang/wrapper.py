@@ -44,11 +44,12 @@ import torch
 from .. import ops
 from ..checkpoint import (MOE_BLOCK_NAMES, SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint,
                           exact_group_size, load_experts, make_ktmoe, reader_experts, utf8_path)
-from ..layer import KTMoE
+from ..layer import GGUF_FORMAT, KTMoE
 from ..next_layer import NextLayerPredictor
 from ..ops import GATED_ACTIVATIONS
 from ..ops import activation_params as activation_params_of
 from .checkpoint import GPT_OSS_LAYOUT, LAYER_PREFIXES, check_weight_path, layer_biases, layer_experts
+from .gguf_dir import gguf_layer_experts
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
@@ -65,17 +66,19 @@ METHOD_FORMATS = {
     # int4 codes + group scales (+ zero points), packed exactly: compressed-tensors pack-quantized, GPTQ / AWQ
     "RAWINT4": "int4_affine", "GPTQ_INT4": "int4_affine",
     "MXFP4": "mxfp4",  # e2m1 codes + E8M0 scales per 32 inputs (DeepSeek-V4 fp4 experts, gpt-oss), packed exactly
+    "LLAMAFILE": GGUF_FORMAT,  # a GGUF model's experts (--kt-weight-path: its directory), computed where they lie
 }
 
 
 def weight_format_of(method: str) -> str:
-    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8" | "int4_affine" | "mxfp4"``; ValueError naming it
-    and the supported ones."""
+    """``--kt-method`` -> ``"bf16" | "int8" | "int4" | "fp8" | "int4_affine" | "mxfp4" | "gguf"``; ValueError
+    naming it and the supported ones."""
     fmt = METHOD_FORMATS.get(str(method).upper())
     if fmt is None:
         raise ValueError(f"KTMoEWrapper: method {method!r} is not supported by torch_ktmoe (it packs bf16, int8, "
                          f"int4, fp8, int4_affine and mxfp4 from bf16/fp16/fp32, FP8, compressed-tensors int4, GPTQ / "
-                         f"AWQ or MXFP4 safetensors; kt-kernel's pre-converted AMX files are not read); supported "
+                         f"AWQ or MXFP4 safetensors, and runs GGUF files in place; kt-kernel's pre-converted AMX "
+                         f"files are not read); supported "
                          f"methods: {sorted(METHOD_FORMATS)}")
     return fmt
 
@@ -157,7 +160,9 @@ class KTMoEWrapper:
     Args (kt-kernel's names): ``num_experts`` E (physical ids), ``num_experts_per_tok``
     k, ``hidden_size`` H, ``moe_intermediate_size`` I; ``num_gpu_experts`` G (experts
     ``[0, G)`` on the GPU) or ``gpu_experts_mask`` (bool [E]); ``weight_path`` the
-    safetensors directory; ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
+    safetensors directory (``method="LLAMAFILE"``: a directory holding a GGUF model, whose experts run where they
+    lie, all E of them mapped and the GPU experts never routed here; ``mmap_experts_dir`` is not used: the GGUF is
+    the file); ``method`` (``--kt-method``, see :data:`METHOD_FORMATS`);
     ``mmap_experts_dir`` keeps the packed experts in files there (default: ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR``, set by
     ``--kt-mmap-experts-dir``; ``""``: anonymous memory; with a directory, the packed cache is reused across
     restarts); ``activation`` / ``activation_params`` the experts' gated activation, a row of
@@ -281,6 +286,8 @@ class KTMoEWrapper:
         (``RAWINT4`` / ``GPTQ_INT4``: ``int4_affine``) are packed with the checkpoint's group size.
         """
         ids = self._logical_ids(physical_to_logical_map)
+        if self.weight_format == GGUF_FORMAT:
+            return self._load_gguf(ids)
         with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
             reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size,
                                    **({"layout": GPT_OSS_LAYOUT} if self.gpt_oss else {}))
@@ -292,6 +299,23 @@ class KTMoEWrapper:
                                     key=f"experts:{experts}", **kwargs)
             self._set_checkpoint_biases(ckpt, ids)
         self._map_slots(ids)
+
+    def _load_gguf(self, ids: List[int]) -> None:
+        """LLAMAFILE: every expert of the layer where the GGUF holds it (a KTMoE of E, not E_cpu, experts); the
+        physical ids of CPU slots map to their logical experts (``ids``), the GPU experts' to -1 (skipped)."""
+        experts = gguf_layer_experts(self.weight_path, self.layer_idx, self.hidden_size, self.intermediate_size,
+                                     self.num_experts)
+        (_, *shape), kwargs = self._ktmoe_args()
+        kwargs.update(mmap_experts_dir=None)
+        moe = KTMoE(self.num_experts, *shape, **kwargs)
+        moe.load_gguf(experts)
+        logical = torch.tensor(ids, dtype=torch.int32)
+        table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
+        table[self.cpu_physical] = logical
+        self.moe, self._id_table = moe, table
+        slots = torch.full((self.num_experts,), -1, dtype=torch.int64)
+        slots[logical.long()] = logical.long()
+        self._slot_of_logical = slots
 
     def _set_checkpoint_biases(self, ckpt: SafetensorsCheckpoint, ids: List[int]) -> None:
         """gpt-oss: the expert biases of the logical experts ``ids`` (one per CPU slot) from the checkpoint onto

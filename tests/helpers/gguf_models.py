@@ -1,0 +1,187 @@
+"""Tiny transformers MoE models written as GGUF files the way llama.cpp's converter writes them (its tensor
+names, its metadata keys, a llama file's q / k rows permuted for its rope), with the `gguf` package's writer.
+
+:func:`write_model_gguf` returns what the file holds as values under the model's parameter names (each tensor
+dequantized by `gguf.quants.dequantize`, the permutation undone here, independently of the loader under test):
+a reference model loaded with them must compute what a model loaded from the file computes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+from ktmoe_harness.ggml_rows import random_rows
+
+# transformers model_type -> (GGUF architecture, gguf's MODEL_ARCH)
+ARCHS = {"qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE), "qwen2_moe": ("qwen2moe", gguf.MODEL_ARCH.QWEN2MOE),
+         "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA)}
+QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)  # gguf.quants.quantize writes these
+
+
+def tiny_config(model_type: str, **overrides):
+    """A small config of `model_type` (layers, experts and widths that every GGML block size divides)."""
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=96, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
+    if model_type == "qwen3_moe":
+        cfg = dict(common, head_dim=64, intermediate_size=512, moe_intermediate_size=256, num_experts=8,
+                   num_experts_per_tok=2, norm_topk_prob=True)
+        return Qwen3MoeConfig(**{**cfg, **overrides})
+    if model_type == "qwen2_moe":
+        cfg = dict(common, intermediate_size=512, moe_intermediate_size=256, shared_expert_intermediate_size=512,
+                   num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, qkv_bias=True)
+        return Qwen2MoeConfig(**{**cfg, **overrides})
+    if model_type == "mixtral":
+        cfg = dict(common, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
+        return MixtralConfig(**{**cfg, **overrides})
+    raise ValueError(model_type)
+
+
+def tiny_model(model_type: str, seed: int = 0, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32).eval()
+    with torch.no_grad():  # sizes that make every layer matter (init_std 0.02 leaves the outputs near uniform)
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.05)
+    return model
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's permutation of a llama q / k weight (LlamaModel.permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _encode(values: np.ndarray, qtype: Q, seed: int):
+    """(the data to write, its raw type or None, what it holds as fp32). Types gguf cannot quantize (k-quants,
+    i-quants, mxfp4) hold random sane blocks of their type instead of the values."""
+    if qtype == Q.F32:
+        return values.astype(np.float32), None, values.astype(np.float32)
+    if qtype in QUANTIZABLE:
+        data = gguf.quants.quantize(values.astype(np.float32), qtype)
+    else:
+        data = random_rows(qtype, values.shape, seed, sane=True)
+    return data, qtype, gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(values.shape)
+
+
+def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dense_type: Q = Q.F32,
+                     layer_expert_types: Optional[Dict[int, tuple]] = None, split_max_tensors: int = 0,
+                     metadata: bool = True) -> Dict[str, torch.Tensor]:
+    """Write `model` (tiny_model) as a GGUF at `path`: experts in `expert_types` (gate, up, down; per layer
+    `layer_expert_types`), the 2-D dense weights in `dense_type`, norms and biases in F32. Returns the values the
+    file holds, by parameter name (fp32)."""
+    cfg = model.config
+    arch, arch_id = ARCHS[cfg.model_type]
+    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(os.fspath(path), arch=arch, split_max_tensors=split_max_tensors)
+    experts_n = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    expert_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(experts_n)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    if metadata:  # (without: the loader reads the widths from the tensors)
+        w.add_vocab_size(cfg.vocab_size)
+        if cfg.model_type != "mixtral":
+            w.add_expert_feed_forward_length(expert_width)
+        if cfg.model_type == "qwen3_moe":
+            w.add_key_length(cfg.head_dim)
+            w.add_value_length(cfg.head_dim)
+        if cfg.model_type == "qwen2_moe":
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    held: Dict[str, torch.Tensor] = {}
+    seed = 100
+    for hf_name, p in model.state_dict().items():
+        values = p.detach().float().numpy()
+        base, _, suffix = hf_name.rpartition(".")
+        if base.endswith("mlp.experts"):
+            layer = int(hf_name.split(".layers.")[1].split(".")[0])
+            types = (layer_expert_types or {}).get(layer, expert_types)
+            if suffix == "gate_up_proj":
+                inter = values.shape[1] // 2
+                parts = []
+                for role, half, qtype in (("gate", values[:, :inter], types[0]), ("up", values[:, inter:], types[1])):
+                    seed += 1
+                    data, raw, as_held = _encode(half, qtype, seed)
+                    w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight", data, raw_dtype=raw)
+                    parts.append(as_held)
+                held[hf_name] = torch.from_numpy(np.concatenate(parts, 1))
+            else:
+                seed += 1
+                data, raw, as_held = _encode(values, types[2], seed)
+                w.add_tensor(f"blk.{layer}.ffn_down_exps.weight", data, raw_dtype=raw)
+                held[hf_name] = torch.from_numpy(as_held)
+            continue
+        gguf_name = names.get_name(base)
+        assert gguf_name is not None, hf_name
+        file_values = values
+        permuted = arch == "llama" and gguf_name.endswith(("attn_q", "attn_k")) and suffix == "weight"
+        if permuted:
+            heads = cfg.num_attention_heads if gguf_name.endswith("attn_q") else cfg.num_key_value_heads
+            order = _permute(np.arange(values.shape[0])[:, None], heads)[:, 0]  # file row r is values[order[r]]
+            file_values = values[order]
+        if gguf_name.endswith("ffn_gate_inp_shexp"):
+            file_values = values.reshape(-1)  # [1, H] in transformers, [H] in llama.cpp's files
+        qtype = dense_type if file_values.ndim == 2 and suffix == "weight" else Q.F32
+        seed += 1
+        data, raw, as_held = _encode(file_values, qtype, seed)
+        w.add_tensor(f"{gguf_name}.{suffix}", data, raw_dtype=raw)
+        if permuted:  # the rows put back where the model has them
+            as_held = as_held[np.argsort(order)]
+        held[hf_name] = torch.from_numpy(as_held.reshape(values.shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def reference_model(model, held: Dict[str, torch.Tensor]):
+    """A copy of `model` holding the values a GGUF written from it holds."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.load_state_dict(held)
+    return ref.eval()
+
+
+def round_like_the_kernel(model):
+    """Make `model`'s experts compute as KTMoE's kernels do (fp32 sums over bf16 activations: the expert input
+    and the gated activation rounded to bf16), so a model run by torch_ktmoe must match it to fp32's rounding."""
+    import types
+
+    import torch.nn.functional as F
+
+    def bf16(t):
+        return t.bfloat16().float()
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for t in range(hidden_states.shape[0]):
+            x = bf16(hidden_states[t])
+            for j in range(top_k_index.shape[1]):
+                e = int(top_k_index[t, j])
+                gate, up = (self.gate_up_proj[e] @ x).chunk(2)
+                out[t] += top_k_weights[t, j] * (self.down_proj[e] @ bf16(F.silu(gate) * up))
+        return out
+
+    for layer in model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            experts.forward = types.MethodType(forward, experts)
+    return model

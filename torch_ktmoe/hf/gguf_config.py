@@ -1,0 +1,131 @@
+"""The transformers config of a GGUF model, read from its metadata as llama.cpp runs it.
+
+transformers 5.25 reads a GGUF's config with a key table that drops what a MoE needs: it ignores a
+``qwen3moe`` file's ``expert_feed_forward_length`` and a ``qwen2moe`` file's shared-expert width (taking its
+config class's defaults), leaves Qwen3-MoE's top-k weights unnormalized (llama.cpp normalizes them), and reads a
+Mixtral file (``llama`` with experts) as a dense Llama. Here each architecture is one row of
+:data:`ARCHITECTURES`: its transformers config class and the fields llama.cpp's graph for it implies, every width
+from the metadata (or, where the metadata lacks it, the tensor's shape).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from ..checkpoint.gguf import GGUFError, GGUFModel
+
+
+def _int(model: GGUFModel, key: str, default=None, *, required: bool = False):
+    value = model.arch_value(key, default)
+    if required and value is None:
+        raise GGUFError(f"GGUF file {model.files[0].path!r} has no {model.architecture}.{key}, which its "
+                        f"{model.architecture} config needs")
+    if isinstance(value, list):  # a per-layer value (e.g. head_count_kv): one for every layer here
+        if len(set(value)) != 1:
+            raise GGUFError(f"GGUF file {model.files[0].path!r}: {model.architecture}.{key} varies by layer "
+                            f"({value}); torch_ktmoe reads models whose layers agree")
+        value = value[0]
+    return value
+
+
+def _rows(model: GGUFModel, name: str, axis: int):
+    t = model.tensors.get(name)
+    return None if t is None else t.shape[axis]
+
+
+def _common(model: GGUFModel) -> Dict[str, object]:
+    """The fields every decoder reads: widths, heads, rope, norms, vocabulary, tied embeddings, special tokens."""
+    hidden = _int(model, "embedding_length", required=True)
+    heads = _int(model, "attention.head_count", required=True)
+    vocab = _int(model, "vocab_size") or _rows(model, "token_embd.weight", 0)
+    if vocab is None:
+        raise GGUFError(f"GGUF file {model.files[0].path!r} has neither a vocab_size nor token_embd.weight")
+    fields = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": _int(model, "block_count", required=True),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(model, "attention.head_count_kv", heads),
+        "head_dim": _int(model, "attention.key_length", hidden // heads),
+        "max_position_embeddings": _int(model, "context_length", 4096),
+        "rms_norm_eps": model.arch_value("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": float(model.arch_value("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in model.tensors,
+    }
+    for key, field in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                       ("padding_token_id", "pad_token_id")):
+        value = model.metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int):
+            fields[field] = value
+    return fields
+
+
+def _expert_width(model: GGUFModel) -> int:
+    width = _int(model, "expert_feed_forward_length") or _rows(model, "blk.0.ffn_gate_exps.weight", 1)
+    if width is None:
+        raise GGUFError(f"GGUF file {model.files[0].path!r} has no expert_feed_forward_length and no "
+                        "blk.0.ffn_gate_exps.weight to read the experts' width from")
+    return width
+
+
+def _dense_layers(model: GGUFModel):
+    """The layers without routed experts (a MoE model's leading dense layers)."""
+    return [n for n in range(_int(model, "block_count", required=True))
+            if f"blk.{n}.ffn_gate_exps.weight" not in model.tensors]
+
+
+def _qwen3moe(model: GGUFModel):
+    from transformers import Qwen3MoeConfig
+
+    expert = _expert_width(model)
+    return Qwen3MoeConfig(**_common(model), intermediate_size=_int(model, "feed_forward_length", expert),
+                          moe_intermediate_size=expert, num_experts=_int(model, "expert_count", required=True),
+                          num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                          norm_topk_prob=bool(model.arch_value("expert_weights_norm", True)),
+                          mlp_only_layers=_dense_layers(model), decoder_sparse_step=1)
+
+
+def _qwen2moe(model: GGUFModel):
+    from transformers import Qwen2MoeConfig
+
+    expert = _expert_width(model)
+    shared = _int(model, "expert_shared_feed_forward_length") or _rows(model, "blk.0.ffn_up_shexp.weight", 1) or 0
+    return Qwen2MoeConfig(**_common(model), intermediate_size=_int(model, "feed_forward_length", expert),
+                          moe_intermediate_size=expert, shared_expert_intermediate_size=shared,
+                          num_experts=_int(model, "expert_count", required=True),
+                          num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                          norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
+                          mlp_only_layers=_dense_layers(model), decoder_sparse_step=1,
+                          qkv_bias="blk.0.attn_q.bias" in model.tensors)
+
+
+def _mixtral(model: GGUFModel):
+    from transformers import MixtralConfig
+
+    if not _int(model, "expert_count"):
+        raise GGUFError(f"GGUF file {model.files[0].path!r} is a dense llama model (no llama.expert_count): "
+                        "torch_ktmoe.hf.from_pretrained runs Mixture-of-Experts models; load it with transformers")
+    if _dense_layers(model):
+        raise GGUFError(f"GGUF file {model.files[0].path!r}: layers {_dense_layers(model)} have no routed experts; "
+                        "a Mixtral model has them in every layer")
+    return MixtralConfig(**_common(model), intermediate_size=_expert_width(model),
+                         num_local_experts=_int(model, "expert_count"),
+                         num_experts_per_tok=_int(model, "expert_used_count", required=True))
+
+
+# GGUF architecture -> its transformers config (the model class follows from it).
+ARCHITECTURES: Dict[str, Callable[[GGUFModel], object]] = {
+    "qwen3moe": _qwen3moe,
+    "qwen2moe": _qwen2moe,
+    "llama": _mixtral,
+}
+
+
+def gguf_config(model: GGUFModel):
+    """The transformers config of ``model``'s architecture (a row of :data:`ARCHITECTURES`); GGUFError naming
+    the architecture when there is none."""
+    arch = model.architecture
+    build = ARCHITECTURES.get(arch)
+    if build is None:
+        raise GGUFError(f"GGUF file {model.files[0].path!r} is a {arch!r} model; torch_ktmoe.hf.from_pretrained "
+                        f"reads {sorted(ARCHITECTURES)} GGUF files")
+    return build(model)
