@@ -38,7 +38,7 @@ def greedy(model):
     return model.generate(PROMPT, max_new_tokens=6, do_sample=False)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"])
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_computes_what_the_file_holds(tmp_path, model_type, mix):
     _, ref = write(tmp_path, model_type, mix, dense_type=Q.Q8_0)
@@ -46,6 +46,7 @@ def test_computes_what_the_file_holds(tmp_path, model_type, mix):
     assert ours.ktmoe_report.layers_patched == [0, 1]
     experts = ours.model.layers[0].mlp.experts.ktmoe
     assert experts.weight_format == "gguf" and experts.gguf.ggml_types == tuple(int(t) for t in MIXES[mix])
+    assert (experts.activation == "swiglu_oai") == (model_type == "gpt_oss")
     assert experts.file_backed_bytes == experts.packed_bytes > 0
     # the experts' bf16 activations, through two layers of random blocks (whose sane scales still amplify)
     assert relative_error(logits(ours), logits(ref)) < 0.15
@@ -104,13 +105,14 @@ def test_a_weight_format_packs_the_experts_into_the_cache(tmp_path):
     assert torch.equal(logits(again), logits(packed))
 
 
-def test_state_dict_writes_the_exact_values(tmp_path):
-    model = tiny_model("qwen3_moe")
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_state_dict_writes_the_exact_values(tmp_path, model_type):
+    model = tiny_model(model_type)
     held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=MIXES["q4_K_M"])
     state = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False).state_dict()
-    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj",
-                 "model.layers.0.self_attn.q_proj.weight"):
-        assert torch.equal(state[name], held[name])
+    assert state.keys() == held.keys()
+    for name in held:
+        assert torch.equal(state[name], held[name]), name
 
 
 def test_loading_in_place_adds_no_anonymous_copy(tmp_path):

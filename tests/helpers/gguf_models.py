@@ -20,13 +20,13 @@ from ktmoe_harness.ggml_rows import random_rows
 
 # transformers model_type -> (GGUF architecture, gguf's MODEL_ARCH)
 ARCHS = {"qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE), "qwen2_moe": ("qwen2moe", gguf.MODEL_ARCH.QWEN2MOE),
-         "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA)}
+         "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA), "gpt_oss": ("gpt-oss", gguf.MODEL_ARCH.GPT_OSS)}
 QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)  # gguf.quants.quantize writes these
 
 
 def tiny_config(model_type: str, **overrides):
     """A small config of `model_type` (layers, experts and widths that every GGML block size divides)."""
-    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import GptOssConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=96, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
@@ -41,6 +41,14 @@ def tiny_config(model_type: str, **overrides):
     if model_type == "mixtral":
         cfg = dict(common, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
         return MixtralConfig(**{**cfg, **overrides})
+    if model_type == "gpt_oss":
+        rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+        cfg = dict(common, head_dim=64, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2,
+                   sliding_window=4, layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+                   max_position_embeddings=131072)  # (the YaRN factor's: no warning)
+        cfg.pop("rope_theta")
+        return GptOssConfig(**{**cfg, **overrides})
     raise ValueError(model_type)
 
 
@@ -73,6 +81,34 @@ def _encode(values: np.ndarray, qtype: Q, seed: int):
     return data, qtype, gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(values.shape)
 
 
+def _write_experts(w, layer: int, suffix: str, values: np.ndarray, types, gpt_oss: bool, seed: int) -> np.ndarray:
+    """Write one experts parameter of a layer as llama.cpp's ffn_{gate,up,down}_exps (weights [E, rows, cols],
+    biases [E, rows]); return what the file holds in the parameter's own layout."""
+    if suffix.endswith("_bias"):  # F32, exact
+        if suffix == "down_proj_bias":
+            w.add_tensor(f"blk.{layer}.ffn_down_exps.bias", values)
+        else:
+            gate, up = (values[:, 0::2], values[:, 1::2]) if gpt_oss else np.split(values, 2, 1)
+            w.add_tensor(f"blk.{layer}.ffn_gate_exps.bias", np.ascontiguousarray(gate))
+            w.add_tensor(f"blk.{layer}.ffn_up_exps.bias", np.ascontiguousarray(up))
+        return values
+    if gpt_oss:  # to llama.cpp's [E, rows, cols] and back
+        values = values.transpose(0, 2, 1)
+    if suffix == "down_proj":
+        data, raw, held = _encode(np.ascontiguousarray(values), types[2], seed)
+        w.add_tensor(f"blk.{layer}.ffn_down_exps.weight", data, raw_dtype=raw)
+    else:
+        inter = values.shape[1] // 2
+        gate, up = (values[:, 0::2], values[:, 1::2]) if gpt_oss else (values[:, :inter], values[:, inter:])
+        halves = []
+        for role, half, qtype in (("gate", gate, types[0]), ("up", up, types[1])):
+            data, raw, as_held = _encode(np.ascontiguousarray(half), qtype, seed + len(halves))
+            w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight", data, raw_dtype=raw)
+            halves.append(as_held)
+        held = np.stack(halves, 2).reshape(values.shape) if gpt_oss else np.concatenate(halves, 1)
+    return np.ascontiguousarray(held.transpose(0, 2, 1)) if gpt_oss else held
+
+
 def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dense_type: Q = Q.F32,
                      layer_expert_types: Optional[Dict[int, tuple]] = None, split_max_tensors: int = 0,
                      metadata: bool = True) -> Dict[str, torch.Tensor]:
@@ -92,6 +128,12 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    if cfg.rope_parameters.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+        w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_expert_count(experts_n)
     w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -99,12 +141,13 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
         w.add_vocab_size(cfg.vocab_size)
         if cfg.model_type != "mixtral":
             w.add_expert_feed_forward_length(expert_width)
-        if cfg.model_type == "qwen3_moe":
+        if cfg.model_type in ("qwen3_moe", "gpt_oss"):
             w.add_key_length(cfg.head_dim)
             w.add_value_length(cfg.head_dim)
         if cfg.model_type == "qwen2_moe":
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     held: Dict[str, torch.Tensor] = {}
+    gpt_oss = cfg.model_type == "gpt_oss"  # experts [E, H, 2I] / [E, I, H], gate / up interleaved, biased
     seed = 100
     for hf_name, p in model.state_dict().items():
         values = p.detach().float().numpy()
@@ -112,22 +155,12 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
         if base.endswith("mlp.experts"):
             layer = int(hf_name.split(".layers.")[1].split(".")[0])
             types = (layer_expert_types or {}).get(layer, expert_types)
-            if suffix == "gate_up_proj":
-                inter = values.shape[1] // 2
-                parts = []
-                for role, half, qtype in (("gate", values[:, :inter], types[0]), ("up", values[:, inter:], types[1])):
-                    seed += 1
-                    data, raw, as_held = _encode(half, qtype, seed)
-                    w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight", data, raw_dtype=raw)
-                    parts.append(as_held)
-                held[hf_name] = torch.from_numpy(np.concatenate(parts, 1))
-            else:
-                seed += 1
-                data, raw, as_held = _encode(values, types[2], seed)
-                w.add_tensor(f"blk.{layer}.ffn_down_exps.weight", data, raw_dtype=raw)
-                held[hf_name] = torch.from_numpy(as_held)
+            seed += 1
+            held[hf_name] = torch.from_numpy(_write_experts(w, layer, suffix, values, types, gpt_oss, seed))
             continue
         gguf_name = names.get_name(base)
+        if gguf_name is None:  # a parameter without a .weight suffix (gpt-oss's sinks): llama.cpp adds one
+            gguf_name, suffix = names.get_name(hf_name), "weight"
         assert gguf_name is not None, hf_name
         file_values = values
         permuted = arch == "llama" and gguf_name.endswith(("attn_q", "attn_k")) and suffix == "weight"
@@ -180,8 +213,18 @@ def round_like_the_kernel(model):
                 out[t] += top_k_weights[t, j] * (self.down_proj[e] @ bf16(F.silu(gate) * up))
         return out
 
+    def gpt_oss(original_forward, original_gate):  # its own forward, the input and the gate's output rounded
+        def forward(hidden_states, *args):
+            return original_forward(bf16(hidden_states), *args)
+
+        return forward, lambda gate_up: bf16(original_gate(gate_up))
+
     for layer in model.model.layers:
         experts = getattr(layer.mlp, "experts", None)
-        if experts is not None:
+        if experts is None:
+            continue
+        if hasattr(experts, "_apply_gate"):
+            experts.forward, experts._apply_gate = gpt_oss(experts.forward, experts._apply_gate)
+        else:
             experts.forward = types.MethodType(forward, experts)
     return model

@@ -2,8 +2,8 @@
 
 transformers 5.25 reads a GGUF's config with a key table that drops what a MoE needs: it ignores a
 ``qwen3moe`` file's ``expert_feed_forward_length`` and a ``qwen2moe`` file's shared-expert width (taking its
-config class's defaults), leaves Qwen3-MoE's top-k weights unnormalized (llama.cpp normalizes them), and reads a
-Mixtral file (``llama`` with experts) as a dense Llama. Here each architecture is one row of
+config class's defaults), leaves Qwen3-MoE's top-k weights unnormalized (llama.cpp normalizes them), reads a
+Mixtral file (``llama`` with experts) as a dense Llama, and loads no gpt-oss expert, bias or sink. Here each architecture is one row of
 :data:`ARCHITECTURES`: its transformers config class and the fields llama.cpp's graph for it implies, every width
 from the metadata (or, where the metadata lacks it, the tensor's shape).
 """
@@ -112,11 +112,33 @@ def _mixtral(model: GGUFModel):
                          num_experts_per_tok=_int(model, "expert_used_count", required=True))
 
 
+def _gpt_oss(model: GGUFModel):
+    """gpt-oss: every other layer sliding-window attention (llama.cpp's swa pattern 2: the even layers), YaRN rope
+    as the file's rope.scaling keys say (the fields llama.cpp does not store, gpt-oss's own), expert and attention
+    biases, sinks, the clamped SwiGLU with its fixed constants."""
+    from transformers import GptOssConfig
+
+    fields = _common(model)
+    theta = fields.pop("rope_theta")
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if model.arch_value("rope.scaling.type") == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(model.arch_value("rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": _int(model, "rope.scaling.original_context_length", 4096),
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    layers = fields["num_hidden_layers"]
+    return GptOssConfig(**fields, intermediate_size=_expert_width(model),
+                        num_local_experts=_int(model, "expert_count", required=True),
+                        num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                        sliding_window=_int(model, "attention.sliding_window", 128), rope_parameters=rope,
+                        layer_types=["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)])
+
+
 # GGUF architecture -> its transformers config (the model class follows from it).
 ARCHITECTURES: Dict[str, Callable[[GGUFModel], object]] = {
     "qwen3moe": _qwen3moe,
     "qwen2moe": _qwen2moe,
     "llama": _mixtral,
+    "gpt-oss": _gpt_oss,
 }
 
 

@@ -57,11 +57,42 @@ def gguf_to_hf_names(model: GGUFModel, meta_model) -> Dict[str, str]:
     table = gguf.get_tensor_name_map(arch, meta_model.config.num_hidden_layers)
     names = {}
     for hf_name in meta_model.state_dict():
+        if ".experts." in hf_name:
+            continue
         base, _, suffix = hf_name.rpartition(".")
         gguf_base = table.get_name(base)
         if gguf_base is not None:
             names[f"{gguf_base}.{suffix}"] = hf_name
+        elif table.get_name(hf_name) is not None:  # a parameter without a .weight suffix (gpt-oss's sinks)
+            names[f"{table.get_name(hf_name)}.weight"] = hf_name
     return names
+
+
+def expert_biases(model: GGUFModel, meta_model) -> Dict[str, torch.Tensor]:
+    """The experts' biases (gpt-oss: ``blk.N.ffn_{gate,up,down}_exps.bias``) as the model's experts modules
+    hold them (``gate_up_proj_bias`` [E, 2I] in the module's gate / up order, ``down_proj_bias`` [E, H]), fp32."""
+    from .experts import layout_of
+
+    state: Dict[str, torch.Tensor] = {}
+    for name, module in meta_model.named_modules():
+        bias = getattr(module, "gate_up_proj_bias", None)
+        if not isinstance(bias, torch.Tensor) or not name.endswith("mlp.experts"):
+            continue
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        found = []
+        for role in ("gate", "up", "down"):
+            t = model.tensors.get(f"blk.{layer}.ffn_{role}_exps.bias")
+            if t is None:
+                raise GGUFError(f"GGUF file {model.files[0].path!r} lacks blk.{layer}.ffn_{role}_exps.bias, the "
+                                f"expert biases of {name}")
+            found.append(ops.ggml_dequantize(model.rows(t), t.ggml_type).reshape(t.shape))
+        gate, up, down = found
+        gate_up = torch.stack([gate, up], -1).flatten(-2) if layout_of(module).interleaved else torch.cat([gate, up], -1)
+        if tuple(gate_up.shape) != tuple(bias.shape):
+            raise GGUFError(f"GGUF file {model.files[0].path!r}: layer {layer}'s expert biases are "
+                            f"{list(gate.shape)}, {name} needs [E, I] for gate and up")
+        state[f"{name}.gate_up_proj_bias"], state[f"{name}.down_proj_bias"] = gate_up, down
+    return state
 
 
 def _unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -94,6 +125,7 @@ def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress:
                                 f"{type(meta_model).__name__} is {list(want)}")
             w = w.reshape(want)  # e.g. qwen2moe's shared-expert gate, [H] in the file and [1, H] here
         state[hf_name] = w.to(dtype)
+    state.update({k: v.to(dtype) for k, v in expert_biases(model, meta_model).items()})
     expected = {n for n in meta_model.state_dict() if n in names.values()}
     missing = sorted(expected - set(state))
     if config.tie_word_embeddings:
@@ -113,9 +145,12 @@ def _is_parameter(module, name: str) -> bool:
 
 
 def unread_tensors(model: GGUFModel, state: Dict[str, torch.Tensor], meta_model) -> List[str]:
-    """GGUF tensors neither dense weights nor routed experts (e.g. llama.cpp's ``rope_freqs``)."""
+    """GGUF tensors neither dense weights, routed experts nor their biases read into ``state`` (e.g. llama.cpp's
+    ``rope_freqs``)."""
     read = set(gguf_to_hf_names(model, meta_model))
     experts = {t.name for layer in expert_layers(model) for t in (layer.gate, layer.up, layer.down)}
+    if any(k.endswith("experts.down_proj_bias") for k in state):
+        experts |= {n[:-len(".weight")] + ".bias" for n in experts}
     return sorted(n for n in model.tensors if n not in read and n not in experts)
 
 
