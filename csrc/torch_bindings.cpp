@@ -30,7 +30,7 @@ TORCH_LIBRARY(ktmoe, m) {
   // The same over GGML experts where they lie (a GGUF file's gate / up / down rows, each of its own type id).
   m.def("moe_forward_ggml(Tensor hidden_states, Tensor topk_ids, Tensor topk_weights, Tensor gate, Tensor up, "
         "Tensor down, int[] ggml_types, Tensor? w13_bias=None, Tensor? w2_bias=None, str activation=\"silu\", "
-        "float[] activation_params=[]) -> Tensor");
+        "float[] activation_params=[], bool prefetch=False) -> Tensor");
   // Rows of GGML blocks (a GGUF tensor's bytes) of a type of kernels/ggml/ggml_types.h -> fp32 weights, exactly.
   m.def("ggml_dequantize(Tensor blocks, int ggml_type) -> Tensor");
 }

@@ -5,7 +5,7 @@ from gguf import GGMLQuantizationType as Q
 
 import torch_ktmoe.hf as kh
 from tests.helpers.gguf_files import write_moe_gguf
-from tests.helpers.gguf_models import tiny_model, write_model_gguf
+from ktmoe_harness.gguf_models import tiny_model, write_model_gguf
 from torch_ktmoe.__main__ import main
 
 

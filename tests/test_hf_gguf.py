@@ -1,5 +1,5 @@
 """torch_ktmoe.hf.from_pretrained(path, gguf_file=...): a transformers MoE model from a GGUF file, written here as
-llama.cpp's converter writes one (tests/helpers/gguf_models.py), per architecture and type mix: the config from the
+llama.cpp's converter writes one (ktmoe_harness/gguf_models.py), per architecture and type mix: the config from the
 metadata, the dense weights exact, the experts in place (the file's mapping) or packed on request; against a
 reference model holding the file's values (gguf.quants.dequantize), transformers' own GGUF load where it reads
 right, and bad files named."""
@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 import torch_ktmoe.hf as kh
-from tests.helpers.gguf_models import reference_model, round_like_the_kernel, tiny_model, write_model_gguf
+from ktmoe_harness.gguf_models import reference_model, round_like_the_kernel, tiny_model, write_model_gguf
 from torch_ktmoe.checkpoint.gguf import GGUFError
 from torch_ktmoe.reference import relative_error
 

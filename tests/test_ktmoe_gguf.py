@@ -98,3 +98,36 @@ def test_bad_input_is_named():
         KTMoE(4, 2, 256, 256, weight_format="gguf", numa_parts=2)
     with pytest.raises(RuntimeError, match="load_weights"):
         layer(torch.zeros(1, 256), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
+
+
+def test_prefetch_reads_the_routed_experts_ahead_with_the_same_outputs(tmp_path):
+    """prefetch=True: MADV_WILLNEED over the routed experts' rows of the file first (here after its pages were
+    dropped); "auto": only while the model's mapped experts did not fit in memory at load."""
+    import dataclasses
+    import os
+
+    path = write_moe_gguf(tmp_path / "m.gguf", layers=1, experts=8, hidden=256, inter=256, sane=True)
+    model = open_gguf(path)
+    (found,) = expert_layers(model)
+    experts = layer_experts(model, found)
+    assert experts.fits  # a few MiB
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    ids, w = random_routing(2, 8, 2)
+    plain = KTMoE(8, 2, 256, 256, weight_format="gguf", prefetch=False)
+    plain.load_gguf(experts)
+    want = plain(x, ids, w)
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    eager = KTMoE(8, 2, 256, 256, weight_format="gguf", prefetch=True)
+    eager.load_gguf(experts)
+    assert eager.prefetching and torch.equal(eager(x, ids, w), want)
+    auto = KTMoE(8, 2, 256, 256, weight_format="gguf")
+    auto.load_gguf(experts)
+    assert not auto.prefetching
+    auto.load_gguf(dataclasses.replace(experts, fits=False))
+    assert auto.prefetching and torch.equal(auto(x, ids, w), want)
+    anonymous = KTMoE(8, 2, 256, 256, weight_format="gguf")
+    anonymous.load_gguf(GGUFExperts.of(*(t.clone() for t in (experts.gate, experts.up, experts.down)),
+                                       experts.ggml_types, fits=False))
+    assert not anonymous.prefetching  # nothing to read: anonymous memory

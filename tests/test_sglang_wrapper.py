@@ -197,7 +197,7 @@ def _wrapper_forward_reference(path, x, ids, w):
 def test_bad_input_gets_clear_errors(tmp_path):
     gate_up, down = _experts()
     path = _write(tmp_path / "ckpt", "qwen", gate_up, down)
-    for m in ("FP4", "GPTQ", "LLAMAFILE"):
+    for m in ("FP4", "GPTQ", "AMXBF16"):
         with pytest.raises(ValueError, match=f"method '{m}' is not supported.*supported methods"):
             _wrapper(path, method=m)
     with pytest.raises(ValueError, match="weight_path is None"):

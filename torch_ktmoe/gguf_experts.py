@@ -27,10 +27,12 @@ class GGUFExperts:
     ggml_types: Tuple[int, int, int]  # gate, up, down
     source: str = ""    # where the blocks lie (a file name), for messages and repr
     mapped: bool = False  # the tensors map a file (its page cache), not anonymous memory
+    fits: bool = True     # the model's mapped experts fit in memory together (KTMoE's prefetch="auto" reads
+                          # the routed experts ahead when they do not)
 
     @classmethod
     def of(cls, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, ggml_types: Sequence[int],
-           source: str = "", *, mapped: bool = False, shape: Optional[Tuple[int, int, int]] = None,
+           source: str = "", *, mapped: bool = False, fits: bool = True, shape: Optional[Tuple[int, int, int]] = None,
            where: str = "GGUFExperts"):
         """Checked: ``ggml_types`` three decodable type ids (:data:`torch_ktmoe.ops.GGML_TYPES`), each tensor
         uint8 3-D with rows of whole blocks, gate and up [E, I, .], down [E, H, .] holding I weights a row;
@@ -61,7 +63,7 @@ class GGUFExperts:
                                  f"{list(want[role])} from gate's {list(want['gate'])}")
         if shape is not None and (E, H, inter) != tuple(shape):
             raise ValueError(f"{where}: the GGUF experts have (E, H, I) = {(E, H, inter)}, the layer {tuple(shape)}")
-        return cls(gate, up, down, types, source, mapped)
+        return cls(gate, up, down, types, source, mapped, fits)
 
     @property
     def shape(self) -> Tuple[int, int, int]:
@@ -77,10 +79,11 @@ class GGUFExperts:
         return tuple(ops.GGML_TYPES[t]["name"] for t in self.ggml_types)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, b13: Optional[torch.Tensor],
-                b2: Optional[torch.Tensor], activation: str, params) -> torch.Tensor:
-        """x [T, H], ids / weights [T, k] -> [T, H] (ops.moe_forward_ggml)."""
+                b2: Optional[torch.Tensor], activation: str, params, prefetch: bool = False) -> torch.Tensor:
+        """x [T, H], ids / weights [T, k] -> [T, H] (ops.moe_forward_ggml; ``prefetch``: MADV_WILLNEED over the
+        routed experts' rows first)."""
         return torch.ops.ktmoe.moe_forward_ggml(x, ids, weights, self.gate, self.up, self.down, list(self.ggml_types),
-                                                b13, b2, activation, params)
+                                                b13, b2, activation, params, prefetch)
 
     def dense(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) fp32: the types' exact values (ops.ggml_dequantize)."""

@@ -194,7 +194,7 @@ class KTMoE(nn.Module):
         if not isinstance(experts, GGUFExperts):
             raise TypeError(f"{where}: load_gguf takes a GGUFExperts, got {type(experts).__name__}")
         self.gguf = GGUFExperts.of(experts.gate, experts.up, experts.down, experts.ggml_types, experts.source,
-                                   mapped=experts.mapped, where=where,
+                                   mapped=experts.mapped, fits=experts.fits, where=where,
                                    shape=(self.num_experts, self.hidden_size, self.intermediate_size))
         self.cache_events, self.cache_fingerprint = [], None
 
@@ -385,7 +385,11 @@ class KTMoE(nn.Module):
     @property
     def prefetching(self) -> bool:
         """Whether forwards read ahead the routed experts now (``prefetch`` resolved; with ``"auto"`` also
-        while the model's background warm has not reached this layer)."""
+        while the model's background warm has not reached this layer; a GGUF layer's ``"auto"``: while its
+        model's mapped experts did not fit in memory when it was loaded)."""
+        if self.gguf is not None:
+            return self.prefetch_mode is True or (self.prefetch_mode == "auto" and self.gguf.mapped
+                                                  and not self.gguf.fits)
         return self.prefetch_mode is True or (self._auto_prefetch and (
             not self.arenas.experts_dir.file_experts_fit or self.arenas.warm_pending))
 
@@ -442,7 +446,7 @@ class KTMoE(nn.Module):
             x = hidden_states.reshape(-1, self.hidden_size)
             ids = topk_ids.reshape(x.shape[0], -1)
             out = self.gguf.forward(x, ids, topk_weights.reshape(x.shape[0], -1), buffers["b13_0"], buffers["b2_0"],
-                                    *self._activation_args)
+                                    *self._activation_args, prefetch)
             return out.reshape(shape)
         if w13.numel() == 0:
             raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() (load_gguf() for "

@@ -328,7 +328,8 @@ def _ggml_dequantize_fake(blocks, ggml_type):
 def moe_forward_ggml(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                      gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, ggml_types: Sequence[int], *,
                      w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
-                     activation: str = "silu", activation_params: Sequence[float] = ()) -> torch.Tensor:
+                     activation: str = "silu", activation_params: Sequence[float] = (),
+                     prefetch: bool = False) -> torch.Tensor:
     """:func:`moe_forward` over GGML experts where they lie: a GGUF file's rows, each role of its own type.
 
     gate / up uint8 [E, I, row bytes], down uint8 [E, H, row bytes] (each row whole blocks of its type, rows
@@ -339,12 +340,12 @@ def moe_forward_ggml(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_w
     """
     return torch.ops.ktmoe.moe_forward_ggml(hidden_states, topk_ids, topk_weights, gate, up, down,
                                             [int(t) for t in ggml_types], w13_bias, w2_bias, activation,
-                                            list(activation_params))
+                                            list(activation_params), prefetch)
 
 
 @torch.library.register_fake("ktmoe::moe_forward_ggml")
 def _moe_forward_ggml_fake(hidden_states, topk_ids, topk_weights, gate, up, down, ggml_types, w13_bias=None,
-                           w2_bias=None, activation="silu", activation_params=()):
+                           w2_bias=None, activation="silu", activation_params=(), prefetch=False):
     _check_same_device("moe_forward_ggml", "hidden_states", hidden_states, topk_ids=topk_ids,
                        topk_weights=topk_weights, gate=gate, up=up, down=down, w13_bias=w13_bias, w2_bias=w2_bias)
     torch._check(hidden_states.dim() == 2, lambda: "hidden_states must be [T, H]")

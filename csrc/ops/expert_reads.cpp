@@ -49,11 +49,12 @@ std::vector<int64_t> distinct_experts(int64_t num_experts, const int64_t* ids, i
 // routed_to_most's share: at least 3/4 of the experts (expert_reads.h).
 bool most_of(int64_t distinct, int64_t num_experts) { return distinct * 4 >= num_experts * 3; }
 
-void advise(const at::Tensor& w13, const at::Tensor& w2, const std::vector<int64_t>& experts) {
-  for (const at::Tensor* w : {&w13, &w2}) {
+// Each tensor [E, ...]: expert e's numel / E bytes at e * stride(0).
+void advise(std::initializer_list<const at::Tensor*> tensors, const std::vector<int64_t>& experts) {
+  for (const at::Tensor* w : tensors) {
     const auto* p = w->data_ptr<uint8_t>();
-    const int64_t row = w->size(1);
-    for (int64_t e : experts) read_ahead(p + e * row, row);
+    const int64_t bytes = w->size(0) ? w->numel() / w->size(0) : 0;
+    for (int64_t e : experts) read_ahead(p + e * w->stride(0), bytes);
   }
 }
 
@@ -74,16 +75,21 @@ bool routed_to_most(int64_t num_experts, const at::Tensor& topk_ids) {
   return routed_to_most(num_experts, ids.data_ptr<int64_t>(), ids.numel());
 }
 
+void advise_experts(std::initializer_list<const at::Tensor*> tensors, const int64_t* ids, int64_t n) {
+  const int64_t num_experts = (*tensors.begin())->size(0);
+  const std::vector<int64_t> experts = distinct_experts(num_experts, ids, n);
+  if (most_of(int64_t(experts.size()), num_experts)) return;  // a prefill: the faults do better
+  advise(tensors, experts);
+}
+
 void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
-  const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
-  if (most_of(int64_t(experts.size()), w13.size(0))) return;  // a prefill: the faults do better
-  advise(w13, w2, experts);
+  advise_experts({&w13, &w2}, ids, n);
 }
 
 void read_ahead_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n) {
   const std::vector<int64_t> experts = distinct_experts(w13.size(0), ids, n);
   if (experts.empty()) return;
-  if (ReaderPool::instance().threads() == 0) return advise(w13, w2, experts);  // the pool is off
+  if (ReaderPool::instance().threads() == 0) return advise({&w13, &w2}, experts);  // the pool is off
   queue_rows(w13, experts);
   queue_rows(w2, experts);
 }

@@ -30,6 +30,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace ktmoe {
 
@@ -41,6 +42,9 @@ bool routed_to_most(int64_t num_experts, const at::Tensor& topk_ids);
 
 // MADV_WILLNEED over the listed experts' rows, from this thread (ids as below), unless routed_to_most.
 void advise_experts(const at::Tensor& w13, const at::Tensor& w2, const int64_t* ids, int64_t n);
+// The same over any expert tensors [E, ...] whose experts' bytes are each contiguous, stride(0) apart (a GGUF
+// layer's gate, up and down [E, rows, row bytes]).
+void advise_experts(std::initializer_list<const at::Tensor*> tensors, const int64_t* ids, int64_t n);
 
 // ids [n]: each id once, ids < 0 skipped; every id must be < E (checked by the caller). w13 and w2
 // contiguous uint8 [E, B] (checked by the caller).

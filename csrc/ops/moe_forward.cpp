@@ -197,7 +197,7 @@ at::Tensor moe_forward_ggml(const at::Tensor& hidden_states, const at::Tensor& t
                             const at::Tensor& topk_weights, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& down, at::IntArrayRef ggml_types,
                             const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
-                            c10::string_view activation, at::ArrayRef<double> activation_params) {
+                            c10::string_view activation, at::ArrayRef<double> activation_params, bool prefetch) {
   // checks
   check_routing_inputs("ktmoe::moe_forward_ggml", hidden_states, topk_ids, topk_weights);
   TORCH_CHECK(ggml_types.size() == 3, "ktmoe::moe_forward_ggml: ggml_types must be [gate, up, down] type ids, got ",
@@ -221,7 +221,10 @@ at::Tensor moe_forward_ggml(const at::Tensor& hidden_states, const at::Tensor& t
   TORCH_CHECK(g.inter % 16 == 0 && hidden % 16 == 0, "ktmoe::moe_forward_ggml: I = ", g.inter, " and H = ", hidden,
               " must be multiples of 16");
   return run_forward(hidden_states, topk_ids, topk_weights, experts, g.inter, w13_bias, w2_bias, activation,
-                     activation_params, "GGML experts", [&](MoeProblem& p, const at::Tensor&) { p.ggml = &g; });
+                     activation_params, "GGML experts", [&](MoeProblem& p, const at::Tensor& ids) {
+    if (prefetch) advise_experts({&gate, &up, &down}, ids.data_ptr<int64_t>(), ids.numel());
+    p.ggml = &g;
+  });
 }
 
 }  // namespace ktmoe

@@ -69,12 +69,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_f
 
 // GGML experts where they lie (a GGUF's rows): gate [E, I, Bg], up [E, I, Bu], down [E, H, Bd] uint8 (each row
 // whole blocks of its type, rows contiguous), ggml_types = their type ids [gate, up, down] (decodable rows of
-// kernels/ggml/ggml_types.h; I and H multiples of 16); the rest as moe_forward -> [T, H], hidden_states' dtype.
+// kernels/ggml/ggml_types.h; I and H multiples of 16); the rest, prefetch too, as moe_forward -> [T, H],
+// hidden_states' dtype.
 at::Tensor moe_forward_ggml(const at::Tensor& hidden_states, const at::Tensor& topk_ids,
                             const at::Tensor& topk_weights, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& down, at::IntArrayRef ggml_types,
                             const c10::optional<at::Tensor>& w13_bias, const c10::optional<at::Tensor>& w2_bias,
-                            c10::string_view activation, at::ArrayRef<double> activation_params);
+                            c10::string_view activation, at::ArrayRef<double> activation_params, bool prefetch);
 
 // blocks uint8 [..., B] (rows of GGML blocks as a GGUF file stores them, B a multiple of the type's block
 // bytes), ggml_type an id of kernels/ggml/ggml_types.h whose blocks this library reads

@@ -237,6 +237,17 @@ class GGUFModel:
     metadata: Dict[str, object] = field(default_factory=dict)
     tensors: Dict[str, GGUFTensor] = field(default_factory=dict)
     _maps: Dict[str, mmap.mmap] = field(default_factory=dict, repr=False)
+    _experts_fit: Optional[bool] = field(default=None, repr=False)
+
+    def experts_fit_in_memory(self) -> bool:
+        """Whether the model's routed experts fit in RAM (or the memory cgroup) beside this process's anonymous
+        memory (:func:`torch_ktmoe.memory.file_room_bytes`), asked once: KTMoE's ``prefetch="auto"`` reads the
+        routed experts ahead when they do not."""
+        if self._experts_fit is None:
+            from ..memory import file_room_bytes
+
+            self._experts_fit = sum(layer.nbytes for layer in expert_layers(self)) <= file_room_bytes()
+        return self._experts_fit
 
     def rows(self, t: GGUFTensor) -> torch.Tensor:
         """uint8 [*t.shape[:-1], row bytes]: tensor `t`'s bytes where they lie in its file, no copy.
@@ -313,7 +324,7 @@ def layer_experts(model: GGUFModel, layer: ExpertLayer) -> GGUFExperts:
     :meth:`torch_ktmoe.KTMoE.load_gguf`. ValueError when a role's type is one torch_ktmoe does not read."""
     files = sorted({os.path.basename(t.file) for t in (layer.gate, layer.up, layer.down)})
     return GGUFExperts.of(model.rows(layer.gate), model.rows(layer.up), model.rows(layer.down), layer.ggml_types,
-                          ", ".join(files), mapped=True, where=f"GGUF {files[0]!r} layer {layer.layer}")
+                          ", ".join(files), mapped=True, fits=model.experts_fit_in_memory(), where=f"GGUF {files[0]!r} layer {layer.layer}")
 
 
 _EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
