@@ -20,13 +20,14 @@ from ktmoe_harness.ggml_rows import random_rows
 
 # transformers model_type -> (GGUF architecture, gguf's MODEL_ARCH)
 ARCHS = {"qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE), "qwen2_moe": ("qwen2moe", gguf.MODEL_ARCH.QWEN2MOE),
-         "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA), "gpt_oss": ("gpt-oss", gguf.MODEL_ARCH.GPT_OSS)}
+         "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA), "gpt_oss": ("gpt-oss", gguf.MODEL_ARCH.GPT_OSS),
+         "deepseek_v3": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2), "deepseek_v2": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2)}
 QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)  # gguf.quants.quantize writes these
 
 
 def tiny_config(model_type: str, **overrides):
     """A small config of `model_type` (layers, experts and widths that every GGML block size divides)."""
-    from transformers import GptOssConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import DeepseekV2Config, DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=96, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
@@ -49,6 +50,14 @@ def tiny_config(model_type: str, **overrides):
                    max_position_embeddings=131072)  # (the YaRN factor's: no warning)
         cfg.pop("rope_theta")
         return GptOssConfig(**{**cfg, **overrides})
+    if model_type in ("deepseek_v3", "deepseek_v2"):  # MLA, a leading dense layer, shared experts, grouped routing
+        cfg = dict(common, num_hidden_layers=3, num_key_value_heads=4, intermediate_size=512, moe_intermediate_size=256,
+                   kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8,
+                   num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                   routed_scaling_factor=2.5, norm_topk_prob=True)
+        if model_type == "deepseek_v3":
+            return DeepseekV3Config(**{**cfg, "q_lora_rank": 64, "rope_interleave": True, **overrides})
+        return DeepseekV2Config(**{**cfg, "q_lora_rank": None, "topk_method": "group_limited_greedy", **overrides})
     raise ValueError(model_type)
 
 
@@ -109,6 +118,37 @@ def _write_experts(w, layer: int, suffix: str, values: np.ndarray, types, gpt_os
     return np.ascontiguousarray(held.transpose(0, 2, 1)) if gpt_oss else held
 
 
+def _write_kv_b(w, gguf_name: str, values: np.ndarray, cfg) -> np.ndarray:
+    """kv_b_proj [heads * (nope + v), kv_lora] as attn_k_b [heads, kv_lora, nope] and attn_v_b [heads, v, kv_lora]."""
+    heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
+    kv = values.reshape(heads, nope + cfg.v_head_dim, values.shape[-1])
+    w.add_tensor(gguf_name.replace("attn_kv_b", "attn_k_b") + ".weight",
+                 np.ascontiguousarray(kv[:, :nope].transpose(0, 2, 1)))
+    w.add_tensor(gguf_name.replace("attn_kv_b", "attn_v_b") + ".weight", np.ascontiguousarray(kv[:, nope:]))
+    return values
+
+
+def _deepseek_metadata(w, cfg) -> None:
+    """What llama.cpp's DeepseekV2Model converter writes of a DeepSeek config (MLA widths for its absorbed form)."""
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    if cfg.q_lora_rank:
+        w.add_q_lora_rank(cfg.q_lora_rank)
+    w.add_kv_lora_rank(cfg.kv_lora_rank)
+    w.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    w.add_value_length(cfg.kv_lora_rank)
+    w.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    w.add_value_length_mla(cfg.v_head_dim)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if cfg.norm_topk_prob:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(cfg.qk_rope_head_dim)
+    w.add_expert_group_count(cfg.n_group)
+    w.add_expert_group_used_count(cfg.topk_group)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg.model_type == "deepseek_v3"
+                             else gguf.ExpertGatingFuncType.SOFTMAX)
+
+
 def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dense_type: Q = Q.F32,
                      layer_expert_types: Optional[Dict[int, tuple]] = None, split_max_tensors: int = 0,
                      metadata: bool = True) -> Dict[str, torch.Tensor]:
@@ -119,14 +159,15 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
     arch, arch_id = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(os.fspath(path), arch=arch, split_max_tensors=split_max_tensors)
-    experts_n = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    deepseek = cfg.model_type.startswith("deepseek")
+    experts_n = getattr(cfg, "num_experts", None) or getattr(cfg, "n_routed_experts", None) or cfg.num_local_experts
     expert_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_head_count_kv(1 if deepseek else cfg.num_key_value_heads)  # (MLA, absorbed: one latent "head")
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     if cfg.rope_parameters.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -146,6 +187,8 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
             w.add_value_length(cfg.head_dim)
         if cfg.model_type == "qwen2_moe":
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    if deepseek:
+        _deepseek_metadata(w, cfg)
     held: Dict[str, torch.Tensor] = {}
     gpt_oss = cfg.model_type == "gpt_oss"  # experts [E, H, 2I] / [E, I, H], gate / up interleaved, biased
     seed = 100
@@ -159,9 +202,14 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
             held[hf_name] = torch.from_numpy(_write_experts(w, layer, suffix, values, types, gpt_oss, seed))
             continue
         gguf_name = names.get_name(base)
-        if gguf_name is None:  # a parameter without a .weight suffix (gpt-oss's sinks): llama.cpp adds one
+        if hf_name.endswith("_bias") and names.get_name(hf_name[:-len("_bias")]):  # e_score_correction_bias
+            gguf_name, suffix = names.get_name(hf_name[:-len("_bias")]), "bias"
+        elif gguf_name is None:  # a parameter without a .weight suffix (gpt-oss's sinks): llama.cpp adds one
             gguf_name, suffix = names.get_name(hf_name), "weight"
         assert gguf_name is not None, hf_name
+        if gguf_name.endswith("attn_kv_b"):  # split for the absorbed attention, as llama.cpp's converter does
+            held[hf_name] = torch.from_numpy(_write_kv_b(w, gguf_name, values, cfg))
+            continue
         file_values = values
         permuted = arch == "llama" and gguf_name.endswith(("attn_q", "attn_k")) and suffix == "weight"
         if permuted:

@@ -38,13 +38,14 @@ def greedy(model):
     return model.generate(PROMPT, max_new_tokens=6, do_sample=False)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2"])
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_computes_what_the_file_holds(tmp_path, model_type, mix):
     _, ref = write(tmp_path, model_type, mix, dense_type=Q.Q8_0)
     ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
-    assert ours.ktmoe_report.layers_patched == [0, 1]
-    experts = ours.model.layers[0].mlp.experts.ktmoe
+    moe_layers = [n for n, layer in enumerate(ref.model.layers) if hasattr(layer.mlp, "experts")]
+    assert ours.ktmoe_report.layers_patched == moe_layers and type(ours) is type(ref)
+    experts = ours.model.layers[moe_layers[0]].mlp.experts.ktmoe
     assert experts.weight_format == "gguf" and experts.gguf.ggml_types == tuple(int(t) for t in MIXES[mix])
     assert (experts.activation == "swiglu_oai") == (model_type == "gpt_oss")
     assert experts.file_backed_bytes == experts.packed_bytes > 0
@@ -105,7 +106,7 @@ def test_a_weight_format_packs_the_experts_into_the_cache(tmp_path):
     assert torch.equal(logits(again), logits(packed))
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_state_dict_writes_the_exact_values(tmp_path, model_type):
     model = tiny_model(model_type)
     held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=MIXES["q4_K_M"])

@@ -133,12 +133,61 @@ def _gpt_oss(model: GGUFModel):
                         layer_types=["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)])
 
 
+def _deepseek2(model: GGUFModel):
+    """DeepSeek-V2 / V3 / R1 / Kimi-K2 (``deepseek2``): MLA attention (llama.cpp stores it for its absorbed form:
+    ``head_count_kv`` 1, ``key_length`` / ``value_length`` the latent's; the heads' widths are the ``_mla`` keys,
+    or in older files ``key_length`` / ``value_length`` themselves), shared experts, leading dense layers, grouped
+    routing. A sigmoid gate (``expert_gating_func`` 2, with ``exp_probs_b``) is DeepSeek-V3's config, a softmax
+    one DeepSeek-V2's."""
+    from transformers import DeepseekV2Config, DeepseekV3Config
+
+    fields = _common(model)
+    theta = fields.pop("rope_theta")
+    rope_dim = _int(model, "rope.dimension_count", required=True)
+    key = _int(model, "attention.key_length_mla") or _int(model, "attention.key_length", required=True)
+    value = _int(model, "attention.value_length_mla") or _int(model, "attention.value_length", required=True)
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if model.arch_value("rope.scaling.type") == "yarn":
+        mscale = float(model.arch_value("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(model.arch_value("rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": _int(model, "rope.scaling.original_context_length", 4096),
+                "beta_fast": float(model.arch_value("rope.scaling.yarn_beta_fast", 32.0)),
+                "beta_slow": float(model.arch_value("rope.scaling.yarn_beta_slow", 1.0)),
+                "mscale": mscale, "mscale_all_dim": mscale}
+    sigmoid = model.arch_value("expert_gating_func") == 2 or "blk.%d.exp_probs_b.bias" % _first_moe_layer(model) in \
+        model.tensors
+    heads = fields["num_attention_heads"]
+    fields.update(num_key_value_heads=heads, head_dim=rope_dim)
+    config = dict(fields, q_lora_rank=_int(model, "attention.q_lora_rank") or None,
+                  kv_lora_rank=_int(model, "attention.kv_lora_rank", required=True), qk_rope_head_dim=rope_dim,
+                  qk_nope_head_dim=key - rope_dim, v_head_dim=value,
+                  intermediate_size=_int(model, "feed_forward_length", _expert_width(model)),
+                  moe_intermediate_size=_expert_width(model),
+                  n_routed_experts=_int(model, "expert_count", required=True),
+                  num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                  n_shared_experts=_int(model, "expert_shared_count", 0),
+                  first_k_dense_replace=_int(model, "leading_dense_block_count", 0),
+                  routed_scaling_factor=float(model.arch_value("expert_weights_scale", 1.0)),
+                  norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
+                  n_group=_int(model, "expert_group_count", 1), topk_group=_int(model, "expert_group_used_count", 1),
+                  rope_parameters=rope)
+    if sigmoid:
+        return DeepseekV3Config(**config, rope_interleave=True)
+    return DeepseekV2Config(**config, topk_method="group_limited_greedy" if config["n_group"] > 1 else "greedy")
+
+
+def _first_moe_layer(model: GGUFModel) -> int:
+    dense = set(_dense_layers(model))
+    return next((n for n in range(_int(model, "block_count", required=True)) if n not in dense), 0)
+
+
 # GGUF architecture -> its transformers config (the model class follows from it).
 ARCHITECTURES: Dict[str, Callable[[GGUFModel], object]] = {
     "qwen3moe": _qwen3moe,
     "qwen2moe": _qwen2moe,
     "llama": _mixtral,
     "gpt-oss": _gpt_oss,
+    "deepseek2": _deepseek2,
 }
 
 

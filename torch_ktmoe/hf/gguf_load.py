@@ -60,12 +60,28 @@ def gguf_to_hf_names(model: GGUFModel, meta_model) -> Dict[str, str]:
         if ".experts." in hf_name:
             continue
         base, _, suffix = hf_name.rpartition(".")
-        gguf_base = table.get_name(base)
-        if gguf_base is not None:
-            names[f"{gguf_base}.{suffix}"] = hf_name
+        if hf_name.endswith("_bias") and table.get_name(hf_name[:-len("_bias")]) is not None:
+            names[f"{table.get_name(hf_name[:-len('_bias')])}.bias"] = hf_name  # e_score_correction_bias
+        elif table.get_name(base) is not None:
+            names[f"{table.get_name(base)}.{suffix}"] = hf_name
         elif table.get_name(hf_name) is not None:  # a parameter without a .weight suffix (gpt-oss's sinks)
             names[f"{table.get_name(hf_name)}.weight"] = hf_name
     return names
+
+
+def _kv_b_from_halves(model: GGUFModel, name: str) -> Optional[torch.Tensor]:
+    """DeepSeek's ``attn_kv_b`` [heads * (nope + v), kv_lora] when the file holds it split as llama.cpp's converter
+    writes it for its absorbed attention: ``attn_k_b`` [heads, kv_lora, nope] (each head's k rows transposed) and
+    ``attn_v_b`` [heads, v, kv_lora]; None when it has neither."""
+    k_name, v_name = name.replace(".attn_kv_b.", ".attn_k_b."), name.replace(".attn_kv_b.", ".attn_v_b.")
+    if not name.endswith(".attn_kv_b.weight") or k_name not in model.tensors or v_name not in model.tensors:
+        return None
+    k, v = (_dequantized(model, model.tensors[n]) for n in (k_name, v_name))
+    return torch.cat([k.transpose(1, 2), v], 1).reshape(-1, k.shape[1])
+
+
+def _dequantized(model: GGUFModel, t) -> torch.Tensor:
+    return ops.ggml_dequantize(model.rows(t), t.ggml_type).reshape(t.shape)
 
 
 def expert_biases(model: GGUFModel, meta_model) -> Dict[str, torch.Tensor]:
@@ -85,7 +101,7 @@ def expert_biases(model: GGUFModel, meta_model) -> Dict[str, torch.Tensor]:
             if t is None:
                 raise GGUFError(f"GGUF file {model.files[0].path!r} lacks blk.{layer}.ffn_{role}_exps.bias, the "
                                 f"expert biases of {name}")
-            found.append(ops.ggml_dequantize(model.rows(t), t.ggml_type).reshape(t.shape))
+            found.append(_dequantized(model, t))
         gate, up, down = found
         gate_up = torch.stack([gate, up], -1).flatten(-2) if layout_of(module).interleaved else torch.cat([gate, up], -1)
         if tuple(gate_up.shape) != tuple(bias.shape):
@@ -112,9 +128,13 @@ def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress:
 
         tensors = tqdm(tensors, desc="ktmoe: GGUF dense weights", unit="tensor")
     state: Dict[str, torch.Tensor] = {}
+    for name, hf_name in names.items():  # weights the file holds in another form
+        w = _kv_b_from_halves(model, name) if name not in model.tensors else None
+        if w is not None:
+            state[hf_name] = w.to(dtype)
     for t in tensors:
         hf_name = names[t.name]
-        w = ops.ggml_dequantize(model.rows(t), t.ggml_type).reshape(t.shape)
+        w = _dequantized(model, t)
         if model.architecture in _PERMUTED_ROPE and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = config.num_attention_heads if ".attn_q." in t.name else config.num_key_value_heads
             w = _unpermute_rope(w, heads)
@@ -148,6 +168,7 @@ def unread_tensors(model: GGUFModel, state: Dict[str, torch.Tensor], meta_model)
     """GGUF tensors neither dense weights, routed experts nor their biases read into ``state`` (e.g. llama.cpp's
     ``rope_freqs``)."""
     read = set(gguf_to_hf_names(model, meta_model))
+    read |= {n.replace(".attn_kv_b.", half) for n in read for half in (".attn_k_b.", ".attn_v_b.")}
     experts = {t.name for layer in expert_layers(model) for t in (layer.gate, layer.up, layer.down)}
     if any(k.endswith("experts.down_proj_bias") for k in state):
         experts |= {n[:-len(".weight")] + ".bias" for n in experts}
