@@ -167,3 +167,14 @@ def test_bad_files_are_named(tmp_path):
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(GGUFError, match=r"lacks 1 of Qwen3MoeForCausalLM's weights, e.g. \['model.norm.weight'\]"):
         kh.from_pretrained(tmp_path, gguf_file="lacking.gguf", progress=False)
+
+
+def test_an_intermediate_size_of_whole_32_blocks_only(tmp_path):
+    """DeepSeek-V2-Lite's 1408 is no multiple of 256: llama.cpp writes its down rows in a 32-block type (here I =
+    352 = 11 x 32, gate / up still k-quants along H)."""
+    model = tiny_model("deepseek_v2", moe_intermediate_size=352)
+    held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=(Q.Q4_K, Q.Q5_K, Q.Q8_0))
+    ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
+    assert ours.model.layers[1].mlp.experts.ktmoe.intermediate_size == 352
+    ref = round_like_the_kernel(reference_model(model, held))
+    assert relative_error(logits(ours), logits(ref)) < 1e-4
