@@ -21,13 +21,15 @@ from ktmoe_harness.ggml_rows import random_rows
 # transformers model_type -> (GGUF architecture, gguf's MODEL_ARCH)
 ARCHS = {"qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE), "qwen2_moe": ("qwen2moe", gguf.MODEL_ARCH.QWEN2MOE),
          "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA), "gpt_oss": ("gpt-oss", gguf.MODEL_ARCH.GPT_OSS),
-         "deepseek_v3": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2), "deepseek_v2": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2)}
+         "deepseek_v3": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2), "deepseek_v2": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2),
+         "glm4_moe": ("glm4moe", gguf.MODEL_ARCH.GLM4_MOE)}
 QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)  # gguf.quants.quantize writes these
 
 
 def tiny_config(model_type: str, **overrides):
     """A small config of `model_type` (layers, experts and widths that every GGML block size divides)."""
-    from transformers import DeepseekV2Config, DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import (DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MixtralConfig,
+                              Qwen2MoeConfig, Qwen3MoeConfig)
 
     common = dict(vocab_size=96, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
@@ -58,6 +60,14 @@ def tiny_config(model_type: str, **overrides):
         if model_type == "deepseek_v3":
             return DeepseekV3Config(**{**cfg, "q_lora_rank": 64, "rope_interleave": True, **overrides})
         return DeepseekV2Config(**{**cfg, "q_lora_rank": None, "topk_method": "group_limited_greedy", **overrides})
+    if model_type == "glm4_moe":  # partial rotary, qkv biases, q / k norms, a leading dense layer, shared experts
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        cfg = dict(common, num_hidden_layers=3, head_dim=64, intermediate_size=512, moe_intermediate_size=256,
+                   n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                   routed_scaling_factor=1.5, norm_topk_prob=True, attention_bias=True, use_qk_norm=True,
+                   rope_parameters=rope)
+        cfg.pop("rope_theta")
+        return Glm4MoeConfig(**{**cfg, **overrides})
     raise ValueError(model_type)
 
 
@@ -128,6 +138,18 @@ def _write_kv_b(w, gguf_name: str, values: np.ndarray, cfg) -> np.ndarray:
     return values
 
 
+def _glm_metadata(w, cfg) -> None:
+    """What llama.cpp's Glm4MoeModel converter writes beyond the common keys (no MTP layer here)."""
+    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    w.add_expert_weights_norm(cfg.norm_topk_prob)
+
+
 def _deepseek_metadata(w, cfg) -> None:
     """What llama.cpp's DeepseekV2Model converter writes of a DeepSeek config (MLA widths for its absorbed form)."""
     w.add_leading_dense_block_count(cfg.first_k_dense_replace)
@@ -151,18 +173,22 @@ def _deepseek_metadata(w, cfg) -> None:
 
 def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dense_type: Q = Q.F32,
                      layer_expert_types: Optional[Dict[int, tuple]] = None, split_max_tensors: int = 0,
-                     metadata: bool = True) -> Dict[str, torch.Tensor]:
+                     metadata: bool = True, mtp_layers: int = 0) -> Dict[str, torch.Tensor]:
     """Write `model` (tiny_model) as a GGUF at `path`: experts in `expert_types` (gate, up, down; per layer
-    `layer_expert_types`), the 2-D dense weights in `dense_type`, norms and biases in F32. Returns the values the
-    file holds, by parameter name (fp32)."""
+    `layer_expert_types`), the 2-D dense weights in `dense_type`, norms and biases in F32; `mtp_layers` appended
+    multi-token-prediction layers (experts and an ``nextn.eh_proj``, counted in ``block_count``, as llama.cpp's
+    GLM converter writes them). Returns the values the file holds, by parameter name (fp32)."""
     cfg = model.config
     arch, arch_id = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(os.fspath(path), arch=arch, split_max_tensors=split_max_tensors)
     deepseek = cfg.model_type.startswith("deepseek")
+    glm = cfg.model_type == "glm4_moe"
     experts_n = getattr(cfg, "num_experts", None) or getattr(cfg, "n_routed_experts", None) or cfg.num_local_experts
     expert_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers + mtp_layers)
+    if mtp_layers:
+        w.add_nextn_predict_layers(mtp_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
@@ -189,6 +215,8 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if deepseek:
         _deepseek_metadata(w, cfg)
+    if glm:
+        _glm_metadata(w, cfg)
     held: Dict[str, torch.Tensor] = {}
     gpt_oss = cfg.model_type == "gpt_oss"  # experts [E, H, 2I] / [E, I, H], gate / up interleaved, biased
     seed = 100
@@ -225,6 +253,14 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
         if permuted:  # the rows put back where the model has them
             as_held = as_held[np.argsort(order)]
         held[hf_name] = torch.from_numpy(as_held.reshape(values.shape))
+    for layer in range(cfg.num_hidden_layers, cfg.num_hidden_layers + mtp_layers):
+        rng = np.random.default_rng(layer)
+        w.add_tensor(f"blk.{layer}.nextn.eh_proj.weight", rng.standard_normal((cfg.hidden_size, 2 * cfg.hidden_size),
+                                                                              dtype=np.float32))
+        for role, rows, cols in (("gate", expert_width, cfg.hidden_size), ("up", expert_width, cfg.hidden_size),
+                                 ("down", cfg.hidden_size, expert_width)):
+            w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight",
+                         rng.standard_normal((experts_n, rows, cols), dtype=np.float32) * 0.05)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

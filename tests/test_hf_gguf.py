@@ -38,7 +38,8 @@ def greedy(model):
     return model.generate(PROMPT, max_new_tokens=6, do_sample=False)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2",
+                                        "glm4_moe"])
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_computes_what_the_file_holds(tmp_path, model_type, mix):
     _, ref = write(tmp_path, model_type, mix, dense_type=Q.Q8_0)
@@ -176,5 +177,15 @@ def test_an_intermediate_size_of_whole_32_blocks_only(tmp_path):
     held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=(Q.Q4_K, Q.Q5_K, Q.Q8_0))
     ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
     assert ours.model.layers[1].mlp.experts.ktmoe.intermediate_size == 352
+    ref = round_like_the_kernel(reference_model(model, held))
+    assert relative_error(logits(ours), logits(ref)) < 1e-4
+
+
+def test_glm_multi_token_prediction_layers_are_not_the_models(tmp_path):
+    model = tiny_model("glm4_moe")
+    held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=MIXES["q8_0"], mtp_layers=1)
+    with pytest.warns(UserWarning, match=r"1 tensors .* not read, e.g. \['blk.3.nextn.eh_proj.weight'\]"):
+        ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
+    assert ours.config.num_hidden_layers == 3 and ours.ktmoe_report.layers_patched == [1, 2]
     ref = round_like_the_kernel(reference_model(model, held))
     assert relative_error(logits(ours), logits(ref)) < 1e-4

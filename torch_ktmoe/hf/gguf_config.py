@@ -176,6 +176,32 @@ def _deepseek2(model: GGUFModel):
     return DeepseekV2Config(**config, topk_method="group_limited_greedy" if config["n_group"] > 1 else "greedy")
 
 
+def _glm4moe(model: GGUFModel):
+    """GLM-4.5 / 4.6 (``glm4moe``): partial rotary (``rope.dimension_count`` of ``key_length``), shared experts,
+    leading dense layers, sigmoid gating with ``exp_probs_b``; the multi-token-prediction layers llama.cpp appends
+    (``nextn_predict_layers``, counted in ``block_count``) are not the model's."""
+    from transformers import Glm4MoeConfig
+
+    fields = _common(model)
+    theta = fields.pop("rope_theta")
+    mtp = _int(model, "nextn_predict_layers", 0)
+    fields["num_hidden_layers"] -= mtp
+    rope_dim = _int(model, "rope.dimension_count", fields["head_dim"])
+    return Glm4MoeConfig(**fields, intermediate_size=_int(model, "feed_forward_length", _expert_width(model)),
+                         moe_intermediate_size=_expert_width(model),
+                         n_routed_experts=_int(model, "expert_count", required=True),
+                         num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                         n_shared_experts=_int(model, "expert_shared_count", 0),
+                         first_k_dense_replace=_int(model, "leading_dense_block_count", 0),
+                         routed_scaling_factor=float(model.arch_value("expert_weights_scale", 1.0)),
+                         norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
+                         n_group=_int(model, "expert_group_count", 1), topk_group=_int(model, "expert_group_used_count", 1),
+                         attention_bias="blk.0.attn_q.bias" in model.tensors,
+                         use_qk_norm="blk.0.attn_q_norm.weight" in model.tensors,
+                         rope_parameters={"rope_type": "default", "rope_theta": theta,
+                                          "partial_rotary_factor": rope_dim / fields["head_dim"]})
+
+
 def _first_moe_layer(model: GGUFModel) -> int:
     dense = set(_dense_layers(model))
     return next((n for n in range(_int(model, "block_count", required=True)) if n not in dense), 0)
@@ -188,6 +214,7 @@ ARCHITECTURES: Dict[str, Callable[[GGUFModel], object]] = {
     "llama": _mixtral,
     "gpt-oss": _gpt_oss,
     "deepseek2": _deepseek2,
+    "glm4moe": _glm4moe,
 }
 
 
