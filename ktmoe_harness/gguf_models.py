@@ -22,14 +22,14 @@ from ktmoe_harness.ggml_rows import random_rows
 ARCHS = {"qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE), "qwen2_moe": ("qwen2moe", gguf.MODEL_ARCH.QWEN2MOE),
          "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA), "gpt_oss": ("gpt-oss", gguf.MODEL_ARCH.GPT_OSS),
          "deepseek_v3": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2), "deepseek_v2": ("deepseek2", gguf.MODEL_ARCH.DEEPSEEK2),
-         "glm4_moe": ("glm4moe", gguf.MODEL_ARCH.GLM4_MOE)}
+         "glm4_moe": ("glm4moe", gguf.MODEL_ARCH.GLM4_MOE), "minimax_m2": ("minimax-m2", gguf.MODEL_ARCH.MINIMAXM2)}
 QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)  # gguf.quants.quantize writes these
 
 
 def tiny_config(model_type: str, **overrides):
     """A small config of `model_type` (layers, experts and widths that every GGML block size divides)."""
-    from transformers import (DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MixtralConfig,
-                              Qwen2MoeConfig, Qwen3MoeConfig)
+    from transformers import (DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MiniMaxM2Config,
+                              MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig)
 
     common = dict(vocab_size=96, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
@@ -68,6 +68,12 @@ def tiny_config(model_type: str, **overrides):
                    rope_parameters=rope)
         cfg.pop("rope_theta")
         return Glm4MoeConfig(**{**cfg, **overrides})
+    if model_type == "minimax_m2":  # partial rotary, q / k norms over all heads, sigmoid gating with a bias
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        cfg = dict(common, head_dim=64, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
+                   rope_parameters=rope, bos_token_id=1, eos_token_id=2)
+        cfg.pop("rope_theta")
+        return MiniMaxM2Config(**{**cfg, **overrides})
     raise ValueError(model_type)
 
 
@@ -217,6 +223,11 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
         _deepseek_metadata(w, cfg)
     if glm:
         _glm_metadata(w, cfg)
+    if cfg.model_type == "minimax_m2":
+        w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     held: Dict[str, torch.Tensor] = {}
     gpt_oss = cfg.model_type == "gpt_oss"  # experts [E, H, 2I] / [E, I, H], gate / up interleaved, biased
     seed = 100

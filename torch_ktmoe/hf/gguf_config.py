@@ -202,6 +202,21 @@ def _glm4moe(model: GGUFModel):
                                           "partial_rotary_factor": rope_dim / fields["head_dim"]})
 
 
+def _minimax_m2(model: GGUFModel):
+    """MiniMax-M2 (``minimax-m2``): partial rotary (``rope.dimension_count``), q / k norms over all heads, sigmoid
+    gating with ``exp_probs_b``, normalized top-k weights."""
+    from transformers import MiniMaxM2Config
+
+    fields = _common(model)
+    theta = fields.pop("rope_theta")
+    rope_dim = _int(model, "rope.dimension_count", fields["head_dim"])
+    return MiniMaxM2Config(**fields, intermediate_size=_expert_width(model),
+                           num_local_experts=_int(model, "expert_count", required=True),
+                           num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                           rope_parameters={"rope_type": "default", "rope_theta": theta,
+                                            "partial_rotary_factor": rope_dim / fields["head_dim"]})
+
+
 def _first_moe_layer(model: GGUFModel) -> int:
     dense = set(_dense_layers(model))
     return next((n for n in range(_int(model, "block_count", required=True)) if n not in dense), 0)
@@ -215,6 +230,7 @@ ARCHITECTURES: Dict[str, Callable[[GGUFModel], object]] = {
     "gpt-oss": _gpt_oss,
     "deepseek2": _deepseek2,
     "glm4moe": _glm4moe,
+    "minimax-m2": _minimax_m2,
 }
 
 
