@@ -10,10 +10,22 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as Q
 
-# Byte offsets of each block's fp16 scale fields (ggml's block structs); the rest of a block is any bytes.
+# Byte offsets of each block's fp16 scale fields (ggml's block structs); the rest of a block is any bytes. iq1_m's
+# one fp16 scale is the top nibbles of its four 16-bit scale words at bytes 48..55 (put_f16).
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.IQ4_NL: (0,),
               Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_XS: (0,),
-              Q.MXFP4: ()}
+              Q.MXFP4: (), Q.IQ2_XXS: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,),
+              Q.IQ1_S: (0,), Q.IQ1_M: (48,)}
+
+
+def put_f16(blocks: np.ndarray, qtype, offset: int, bits: np.ndarray) -> None:
+    """Set the fp16 scale field at byte `offset` (one of F16_FIELDS[qtype]) of each of `blocks` (uint8 [n, block
+    bytes]) to `bits` (uint16 [n])."""
+    if qtype == Q.IQ1_M:  # the scale's bits 4w..4w+3 are the top nibble of word w
+        words = blocks[:, offset:offset + 8].view(np.uint16)
+        words[:] = (words & 0x0FFF) | ((bits[:, None] >> np.array([0, 4, 8, 12], dtype=np.uint16)) & 0xF) << 12
+    else:
+        blocks[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
 
 
 def finite_f16_bits(rng, n) -> np.ndarray:
@@ -56,7 +68,7 @@ def random_rows(qtype, shape: Sequence[int], seed: int = 0, scale_bits: Optional
         bits = sane_f16_bits(rng, n) if sane else finite_f16_bits(rng, n)
         if scale_bits is not None:
             bits[:len(scale_bits)] = scale_bits[:n]
-        blocks[:, offset:offset + 2] = bits.view(np.uint8).reshape(n, 2)
+        put_f16(blocks, qtype, offset, bits)
     if qtype == Q.MXFP4 and sane:
         blocks[:, 0] = rng.integers(119, 124, size=n)  # 2^(e - 128): 2^-9 .. 2^-5, times levels up to 12
     return blocks.reshape(*lead, -1)

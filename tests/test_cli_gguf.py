@@ -11,7 +11,7 @@ from torch_ktmoe.__main__ import main
 
 def test_inspect_lists_layers_types_and_bytes(tmp_path, capsys):
     path = write_moe_gguf(tmp_path / "m.gguf", layers=2, experts=4, hidden=256, inter=512,
-                          layer_types={1: {"gate": Q.Q8_0, "up": Q.IQ2_XXS, "down": Q.Q5_K}})
+                          layer_types={1: {"gate": Q.IQ2_XXS, "up": Q.TQ1_0, "down": Q.Q5_K}})
     assert main(["inspect", path]) == 0
     out = capsys.readouterr().out
     assert "architecture qwen3moe: block_count 2, embedding_length 256, expert_count 4" in out
@@ -20,7 +20,7 @@ def test_inspect_lists_layers_types_and_bytes(tmp_path, capsys):
     layer1 = next(l for l in lines if l.split()[:1] == ["1"])
     # q4_K gate/up: 4 * 512 rows * 144 bytes each; q6_K down: 4 * 256 rows * 2 * 210
     assert layer0.split() == ["0", "q4_K", "q4_K", "q6_K", "4x256x512", f"{(2 * 4 * 512 * 144 + 4 * 256 * 420) / 2**20:.1f}"]
-    assert layer1.split()[1:4] == ["q8_0", "iq2_xxs*", "q5_K"]
+    assert layer1.split()[1:4] == ["iq2_xxs", "tq1_0*", "q5_K"]
     assert "routed experts: 2 layers" in out and "* a GGML type torch_ktmoe does not read yet" in out
 
 

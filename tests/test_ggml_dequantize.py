@@ -1,6 +1,7 @@
 """ktmoe::ggml_dequantize and the GGML type table: every type torch_ktmoe reads decodes bit for bit as the `gguf`
 package's gguf.quants.dequantize (an implementation we did not write), over random blocks with the scale edges real
-files hold (fp16 subnormals, zero, +-65504, every E8M0 byte); the table's block sizes are ggml's."""
+files hold (fp16 subnormals, zero, +-65504, every E8M0 byte), Inf and NaN scales too; the table's block sizes are
+ggml's."""
 import numpy as np
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as Q
 
+from ktmoe_harness.ggml_rows import put_f16
 from tests.helpers.gguf_files import F16_FIELDS, random_rows
 from torch_ktmoe import ops
 
@@ -43,7 +45,8 @@ def test_table_is_ggmls():
         assert (row["block_elems"], row["block_bytes"]) == gguf.GGML_QUANT_SIZES[qtype], qtype.name
         assert row["name"].lower() == qtype.name.lower()
     assert {Q(t) for t in DECODABLE} >= {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K,
-                                         Q.Q3_K, Q.IQ4_XS, Q.IQ4_NL, Q.MXFP4}
+                                         Q.Q3_K, Q.IQ4_XS, Q.IQ4_NL, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S,
+                                         Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}
 
 
 @pytest.mark.parametrize("tid", DECODABLE, ids=lambda t: ops.GGML_TYPES[t]["name"])
@@ -63,10 +66,7 @@ def test_non_finite_scales_are_kept(tid):
     qtype = Q(tid)
     data = random_blocks(qtype, 4, 2)
     nbytes = gguf.GGML_QUANT_SIZES[qtype][1]
-    view = data.reshape(-1, nbytes)
-    offset = F16_FIELDS[qtype][0]
-    view[0, offset:offset + 2] = np.array([0x7C00], dtype=np.uint16).view(np.uint8)  # +Inf
-    view[1, offset:offset + 2] = np.array([0x7E00], dtype=np.uint16).view(np.uint8)  # NaN
+    put_f16(data.reshape(-1, nbytes)[:2], qtype, F16_FIELDS[qtype][0], np.array([0x7C00, 0x7E00], dtype=np.uint16))
     ours = ops.ggml_dequantize(torch.from_numpy(data), tid)
     with np.errstate(invalid="ignore", over="ignore"):
         ref = gguf.quants.dequantize(data, qtype)
@@ -90,8 +90,8 @@ def test_bad_input_is_named():
     blocks = torch.zeros(2, 144, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="GGML type id 1000 is not one ggml defines"):
         ops.ggml_dequantize(blocks, 1000)
-    with pytest.raises(RuntimeError, match=r"iq2_xxs \(id 16\) is not read by torch_ktmoe; it reads f32, f16"):
-        ops.ggml_dequantize(blocks, int(Q.IQ2_XXS))
+    with pytest.raises(RuntimeError, match=r"tq1_0 \(id 34\) is not read by torch_ktmoe; it reads f32, f16"):
+        ops.ggml_dequantize(blocks, int(Q.TQ1_0))
     with pytest.raises(RuntimeError, match="a row of 143 bytes is not whole q4_K blocks"):
         ops.ggml_dequantize(blocks[:, :143], int(Q.Q4_K))
     with pytest.raises(RuntimeError, match="blocks must be a uint8 CPU tensor"):

@@ -19,7 +19,8 @@ from torch_ktmoe.checkpoint.gguf import GGUFError
 from torch_ktmoe.reference import relative_error
 
 MIXES = {"q4_K_M": (Q.Q4_K, Q.Q4_K, Q.Q6_K), "q8_0": (Q.Q8_0, Q.Q8_0, Q.Q8_0),
-         "low-bit": (Q.Q2_K, Q.Q3_K, Q.IQ4_XS), "q5_K/mxfp4/q4_0": (Q.Q5_K, Q.MXFP4, Q.Q4_0)}
+         "low-bit": (Q.Q2_K, Q.Q3_K, Q.IQ4_XS), "q5_K/mxfp4/q4_0": (Q.Q5_K, Q.MXFP4, Q.Q4_0),
+         "iq2_xxs/iq3_s/iq1_m": (Q.IQ2_XXS, Q.IQ3_S, Q.IQ1_M)}
 PROMPT = torch.tensor([[3, 17, 42, 8, 77, 5, 60, 11, 29, 90]])
 
 

@@ -84,8 +84,8 @@ def test_bad_input_is_named():
         layer.load_gguf((gate, up, down))
     with pytest.raises(ValueError, match=r"\(E, H, I\) = \(4, 256, 256\), the layer \(4, 256, 512\)"):
         KTMoE(4, 2, 256, 512, weight_format="gguf").load_gguf(GGUFExperts.of(gate, up, down, TYPES))
-    with pytest.raises(ValueError, match="iq2_xxs, which torch_ktmoe does not read"):
-        GGUFExperts.of(gate, up, down, (Q.IQ2_XXS, Q.Q4_K, Q.Q6_K))
+    with pytest.raises(ValueError, match="tq1_0, which torch_ktmoe does not read"):
+        GGUFExperts.of(gate, up, down, (Q.TQ1_0, Q.Q4_K, Q.Q6_K))
     with pytest.raises(ValueError, match="not whole q6_K blocks"):
         GGUFExperts.of(gate, up, down[..., :-1], TYPES)
     with pytest.raises(ValueError, match="down holds"):

@@ -24,6 +24,9 @@ MIXES = {
     "q2_K/q3_K/q3_K": (Q.Q2_K, Q.Q3_K, Q.Q3_K),
     "iq4_xs": (Q.IQ4_XS, Q.IQ4_XS, Q.IQ4_XS),
     "mxfp4": (Q.MXFP4, Q.MXFP4, Q.MXFP4),
+    "iq2_xxs/iq3_s/iq2_s": (Q.IQ2_XXS, Q.IQ3_S, Q.IQ2_S),
+    "iq1_s/iq1_m/iq2_xs": (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XS),
+    "iq3_xxs": (Q.IQ3_XXS, Q.IQ3_XXS, Q.IQ3_XXS),
     "f16/bf16/f32": (Q.F16, Q.BF16, Q.F32),
 }
 
@@ -145,8 +148,8 @@ def test_bad_input_is_named():
     run = ops.moe_forward_ggml
     with pytest.raises(RuntimeError, match=r"ggml_types must be \[gate, up, down\] type ids, got 2"):
         run(x, ids, w, gate, up, down, types[:2])
-    with pytest.raises(RuntimeError, match=r"iq2_xxs \(id 16\) is not read by torch_ktmoe"):
-        run(x, ids, w, gate, up, down, [Q.IQ2_XXS, types[1], types[2]])
+    with pytest.raises(RuntimeError, match=r"tq1_0 \(id 34\) is not read by torch_ktmoe"):
+        run(x, ids, w, gate, up, down, [Q.TQ1_0, types[1], types[2]])
     with pytest.raises(RuntimeError, match=r"gate's rows of 143 bytes are not whole q4_K blocks"):
         run(x, ids, w, gate[..., :143].contiguous(), up, down, types)
     with pytest.raises(RuntimeError, match=r"hidden_states has H = 128 but gate / up rows hold 256 / 256"):

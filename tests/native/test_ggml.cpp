@@ -9,7 +9,8 @@
 //     prefill paths), rows read at any byte offset (17-byte mxfp4 blocks);
 //   * the same bits for any split of the n rows.
 // Blocks are random bytes with the fp16 scale fields set to sane values (their byte offsets from ggml's
-// block structs, written out here, not taken from ggml_blocks.h).
+// block structs, written out here, not taken from ggml_blocks.h; iq1_m's scale is the top nibbles of the
+// four 16-bit words at bytes 48..55).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -32,8 +33,12 @@ const GgmlCase kCases[] = {
     {GgmlType::kQ3_K, {108}},    {GgmlType::kQ4_K, {0, 2}},   {GgmlType::kQ5_K, {0, 2}},
     {GgmlType::kQ6_K, {208}},    {GgmlType::kIQ4_NL, {0}},    {GgmlType::kIQ4_XS, {0}},
     {GgmlType::kMXFP4, {}},      {GgmlType::kF16, {}},        {GgmlType::kBF16, {}},
-    {GgmlType::kF32, {}},
+    {GgmlType::kF32, {}},        {GgmlType::kIQ2_XXS, {0}},   {GgmlType::kIQ2_XS, {0}},
+    {GgmlType::kIQ2_S, {0}},     {GgmlType::kIQ3_XXS, {0}},   {GgmlType::kIQ3_S, {0}},
+    {GgmlType::kIQ1_S, {0}},     {GgmlType::kIQ1_M, {}},
 };
+
+uint16_t sane_f16(Rng& rng) { return f32_to_f16_rne(float(0.001 + 0.019 * rng.uniform())); }
 
 // n rows of k weights of `c`'s type: random bytes, sane scales (mxfp4: exponents 119..123; plain types:
 // small normal values), starting `skew` bytes into the buffer.
@@ -45,10 +50,19 @@ std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* blk = p + b * t.block_bytes;
     for (int off : c.f16_fields) {
-      const uint16_t h = f32_to_f16_rne(float(0.001 + 0.019 * rng.uniform()));
+      const uint16_t h = sane_f16(rng);
       std::memcpy(blk + off, &h, 2);
     }
     if (c.type == GgmlType::kMXFP4) blk[0] = uint8_t(119 + rng.below(5));
+    if (c.type == GgmlType::kIQ1_M) {  // the scale's bits 4 w .. 4 w + 3 are the top nibble of word w
+      const uint16_t h = sane_f16(rng);
+      for (int w = 0; w < 4; ++w) {
+        uint16_t v;
+        std::memcpy(&v, blk + 48 + 2 * w, 2);
+        v = uint16_t((v & 0x0FFF) | ((h >> (4 * w)) & 0xF) << 12);
+        std::memcpy(blk + 48 + 2 * w, &v, 2);
+      }
+    }
   }
   if (c.type == GgmlType::kF32 || c.type == GgmlType::kF16 || c.type == GgmlType::kBF16)
     for (int64_t i = 0; i < blocks; ++i) {

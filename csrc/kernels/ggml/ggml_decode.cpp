@@ -22,13 +22,6 @@ namespace {
 
 using namespace ggml;
 
-template <class Block>
-Block load_block(const uint8_t* blocks, int64_t i) {
-  Block b;
-  std::memcpy(&b, blocks + i * int64_t(sizeof(Block)), sizeof(Block));
-  return b;
-}
-
 // Element j of a 32-element nibble block: the low nibble of qs[j] for j < 16, else the high one of qs[j - 16].
 inline int nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4; }
 

@@ -21,5 +21,13 @@ void ggml_decode_q6_k(const uint8_t* blocks, int64_t nblocks, float* out);
 void ggml_decode_iq4_nl(const uint8_t* blocks, int64_t nblocks, float* out);
 void ggml_decode_iq4_xs(const uint8_t* blocks, int64_t nblocks, float* out);
 void ggml_decode_mxfp4(const uint8_t* blocks, int64_t nblocks, float* out);
+// The grid i-quants (ggml_decode_iq.cpp).
+void ggml_decode_iq2_xxs(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq2_xs(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq2_s(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq3_xxs(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq3_s(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq1_s(const uint8_t* blocks, int64_t nblocks, float* out);
+void ggml_decode_iq1_m(const uint8_t* blocks, int64_t nblocks, float* out);
 
 }  // namespace ktmoe

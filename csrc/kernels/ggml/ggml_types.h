@@ -3,7 +3,7 @@
 // A GGUF tensor is rows of blocks along its innermost dimension: `block_elems` weights in
 // `block_bytes` bytes (ggml's type_traits blck_size / type_size; gguf.GGML_QUANT_SIZES). Every id
 // ggml defines has a row, so a reader can size any tensor of a file and bound-check it, decodable or
-// not; `decode` is set for the types whose blocks this library reads (ggml_decode.cpp), nullptr for
+// not; `decode` is set for the types whose blocks this library reads (ggml_decode.h), nullptr for
 // the others (a file of those is refused by name where its weights are needed).
 //
 //   decode(blocks, nblocks, out): out[nblocks * block_elems] = the weights of `nblocks` consecutive
