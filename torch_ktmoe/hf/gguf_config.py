@@ -133,6 +133,20 @@ def _gpt_oss(model: GGUFModel):
                         layer_types=["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)])
 
 
+def _shared_and_grouped(model: GGUFModel) -> Dict[str, object]:
+    """The fields of DeepSeek's MoE kind (DeepSeek-V2 / V3, GLM-4.5): widths, routed and shared experts, leading
+    dense layers, the routed weights' scale and normalization, grouped routing."""
+    return dict(intermediate_size=_int(model, "feed_forward_length", _expert_width(model)),
+                moe_intermediate_size=_expert_width(model),
+                n_routed_experts=_int(model, "expert_count", required=True),
+                num_experts_per_tok=_int(model, "expert_used_count", required=True),
+                n_shared_experts=_int(model, "expert_shared_count", 0),
+                first_k_dense_replace=_int(model, "leading_dense_block_count", 0),
+                routed_scaling_factor=float(model.arch_value("expert_weights_scale", 1.0)),
+                norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
+                n_group=_int(model, "expert_group_count", 1), topk_group=_int(model, "expert_group_used_count", 1))
+
+
 def _deepseek2(model: GGUFModel):
     """DeepSeek-V2 / V3 / R1 / Kimi-K2 (``deepseek2``): MLA attention (llama.cpp stores it for its absorbed form:
     ``head_count_kv`` 1, ``key_length`` / ``value_length`` the latent's; the heads' widths are the ``_mla`` keys,
@@ -158,19 +172,9 @@ def _deepseek2(model: GGUFModel):
         model.tensors
     heads = fields["num_attention_heads"]
     fields.update(num_key_value_heads=heads, head_dim=rope_dim)
-    config = dict(fields, q_lora_rank=_int(model, "attention.q_lora_rank") or None,
+    config = dict(fields, **_shared_and_grouped(model), q_lora_rank=_int(model, "attention.q_lora_rank") or None,
                   kv_lora_rank=_int(model, "attention.kv_lora_rank", required=True), qk_rope_head_dim=rope_dim,
-                  qk_nope_head_dim=key - rope_dim, v_head_dim=value,
-                  intermediate_size=_int(model, "feed_forward_length", _expert_width(model)),
-                  moe_intermediate_size=_expert_width(model),
-                  n_routed_experts=_int(model, "expert_count", required=True),
-                  num_experts_per_tok=_int(model, "expert_used_count", required=True),
-                  n_shared_experts=_int(model, "expert_shared_count", 0),
-                  first_k_dense_replace=_int(model, "leading_dense_block_count", 0),
-                  routed_scaling_factor=float(model.arch_value("expert_weights_scale", 1.0)),
-                  norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
-                  n_group=_int(model, "expert_group_count", 1), topk_group=_int(model, "expert_group_used_count", 1),
-                  rope_parameters=rope)
+                  qk_nope_head_dim=key - rope_dim, v_head_dim=value, rope_parameters=rope)
     if sigmoid:
         return DeepseekV3Config(**config, rope_interleave=True)
     return DeepseekV2Config(**config, topk_method="group_limited_greedy" if config["n_group"] > 1 else "greedy")
@@ -187,16 +191,7 @@ def _glm4moe(model: GGUFModel):
     mtp = _int(model, "nextn_predict_layers", 0)
     fields["num_hidden_layers"] -= mtp
     rope_dim = _int(model, "rope.dimension_count", fields["head_dim"])
-    return Glm4MoeConfig(**fields, intermediate_size=_int(model, "feed_forward_length", _expert_width(model)),
-                         moe_intermediate_size=_expert_width(model),
-                         n_routed_experts=_int(model, "expert_count", required=True),
-                         num_experts_per_tok=_int(model, "expert_used_count", required=True),
-                         n_shared_experts=_int(model, "expert_shared_count", 0),
-                         first_k_dense_replace=_int(model, "leading_dense_block_count", 0),
-                         routed_scaling_factor=float(model.arch_value("expert_weights_scale", 1.0)),
-                         norm_topk_prob=bool(model.arch_value("expert_weights_norm", False)),
-                         n_group=_int(model, "expert_group_count", 1), topk_group=_int(model, "expert_group_used_count", 1),
-                         attention_bias="blk.0.attn_q.bias" in model.tensors,
+    return Glm4MoeConfig(**fields, **_shared_and_grouped(model), attention_bias="blk.0.attn_q.bias" in model.tensors,
                          use_qk_norm="blk.0.attn_q_norm.weight" in model.tensors,
                          rope_parameters={"rope_type": "default", "rope_theta": theta,
                                           "partial_rotary_factor": rope_dim / fields["head_dim"]})
