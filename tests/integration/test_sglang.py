@@ -154,8 +154,9 @@ def _sglang_layer(ckpt, method, gpu_experts, names, **server_args):
     from sglang.srt.arg_groups.overrides import model_config_of
     from sglang.srt.eplb import expert_location
 
-    override = get_context().override_server_args(device="cpu", model_path=ckpt, kt_weight_path=ckpt,
-                                                  kt_method=method, kt_num_gpu_experts=gpu_experts, **server_args)
+    server_args.setdefault("kt_weight_path", ckpt)
+    override = get_context().override_server_args(device="cpu", model_path=ckpt, kt_method=method,
+                                                  kt_num_gpu_experts=gpu_experts, **server_args)
     server_args = override.install()
     try:
         meta = _trivial_expert_location(model_config_of(server_args))
@@ -306,6 +307,37 @@ def test_quantized_checkpoints_through_sglangs_kt_path(qwen, tmp_path, method):
     x, ids, w, logits = _routing(11)
     ref = moe_reference(x.float(), ids, w, gate_up, down, "bf16")
     assert _rel_err(_run(layer, x, ids, w, logits), ref) <= FORMAT_BOUND["BF16"]
+
+
+def test_llamafile_gguf_through_sglangs_kt_path(qwen, tmp_path):
+    """--kt-method LLAMAFILE: the CPU experts where the GGUF in --kt-weight-path holds them (f32 here: the
+    checkpoint's own values), the GPU experts from the checkpoint through sglang's loader."""
+    import gguf
+    from safetensors.torch import load_file
+
+    ckpt, hf_experts = qwen
+    tensors = load_file(os.path.join(ckpt, "model.safetensors"))
+    directory = tmp_path / "gguf"
+    directory.mkdir()
+    w = gguf.GGUFWriter(str(directory / "model.gguf"), arch="qwen3moe")
+    w.add_block_count(LAYERS)
+    w.add_embedding_length(H)
+    w.add_expert_count(E)
+    w.add_expert_used_count(K)
+    w.add_expert_feed_forward_length(I)
+    for n in range(LAYERS):
+        for role in ("gate", "up", "down"):
+            rows = [tensors[f"model.layers.{n}.mlp.experts.{e}.{role}_proj.weight"].float() for e in range(E)]
+            w.add_tensor(f"blk.{n}.ffn_{role}_exps.weight", torch.stack(rows).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    layer = _sglang_layer(ckpt, "LLAMAFILE", 3, QWEN_NAMES, kt_weight_path=str(directory))
+    wrapper = layer.quant_method.wrapper
+    assert wrapper.weight_format == "gguf" and wrapper.moe.gguf.mapped and wrapper.num_cpu_experts == E - 3
+    x, ids, w, logits = _routing(13)
+    assert _rel_err(_run(layer, x, ids, w, logits), _hf_reference(hf_experts, x, ids, w)) <= FORMAT_BOUND["BF16"]
 
 
 def test_gpu_experts_mask_form(qwen):
