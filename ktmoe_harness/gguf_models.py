@@ -208,6 +208,9 @@ def write_model_gguf(model, path, *, expert_types=(Q.Q4_K, Q.Q4_K, Q.Q6_K), dens
     if getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    for token, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
+        if isinstance(getattr(cfg, token, None), int):  # (the converter's special vocabulary)
+            add(getattr(cfg, token))
     w.add_expert_count(experts_n)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if metadata:  # (without: the loader reads the widths from the tensors)

@@ -192,3 +192,19 @@ def test_glm_multi_token_prediction_layers_are_not_the_models(tmp_path):
     assert ours.config.num_hidden_layers == 3 and ours.ktmoe_report.layers_patched == [1, 2]
     ref = round_like_the_kernel(reference_model(model, held))
     assert relative_error(logits(ours), logits(ref)) < 1e-3
+
+
+def test_bf16_keeps_what_the_model_keeps_in_fp32_exact(tmp_path):
+    """dtype=bf16: the weights in bf16, but a router transformers keeps in fp32 (DeepSeek-V3's gate and its
+    correction bias) holds the file's fp32 values, not bf16-rounded ones."""
+    model = tiny_model("deepseek_v3")
+    held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=MIXES["q8_0"])
+    ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.bfloat16, progress=False)
+    gate = ours.model.layers[1].mlp.gate
+    assert gate.weight.dtype == torch.float32 and torch.equal(gate.weight, held["model.layers.1.mlp.gate.weight"])
+    assert torch.equal(gate.e_score_correction_bias, held["model.layers.1.mlp.gate.e_score_correction_bias"])
+    assert ours.model.layers[1].self_attn.q_a_proj.weight.dtype == torch.bfloat16
+    ids = PROMPT
+    with torch.no_grad():
+        out = ours(ids).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

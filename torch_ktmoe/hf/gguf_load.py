@@ -118,8 +118,9 @@ def _unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress: bool) -> Dict[str, torch.Tensor]:
-    """Every non-expert parameter of ``meta_model`` from the GGUF, dequantized exactly, in ``dtype``. GGUFError
-    naming the parameters the file lacks (a tied ``lm_head`` excepted)."""
+    """Every non-expert parameter and buffer of ``meta_model`` from the GGUF, dequantized exactly, in ``dtype``
+    (fp32 where the model keeps a module in fp32: its ``_keep_in_fp32_modules``, e.g. routers). GGUFError naming
+    those the file lacks (a tied ``lm_head`` excepted)."""
     names = gguf_to_hf_names(model, meta_model)
     config = meta_model.config
     tensors = [t for name, t in model.tensors.items() if name in names]
@@ -128,10 +129,11 @@ def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress:
 
         tensors = tqdm(tensors, desc="ktmoe: GGUF dense weights", unit="tensor")
     state: Dict[str, torch.Tensor] = {}
+    cast = _caster(meta_model, dtype)
     for name, hf_name in names.items():  # weights the file holds in another form
         w = _kv_b_from_halves(model, name) if name not in model.tensors else None
         if w is not None:
-            state[hf_name] = w.to(dtype)
+            state[hf_name] = cast(hf_name, w)
     for t in tensors:
         hf_name = names[t.name]
         w = _dequantized(model, t)
@@ -144,9 +146,9 @@ def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress:
                 raise GGUFError(f"GGUF file {t.file!r}: {t.name} has shape {list(t.shape)}, but {hf_name} of "
                                 f"{type(meta_model).__name__} is {list(want)}")
             w = w.reshape(want)  # e.g. qwen2moe's shared-expert gate, [H] in the file and [1, H] here
-        state[hf_name] = w.to(dtype)
-    state.update({k: v.to(dtype) for k, v in expert_biases(model, meta_model).items()})
-    expected = {n for n in meta_model.state_dict() if n in names.values()}
+        state[hf_name] = cast(hf_name, w)
+    state.update({k: cast(k, v) for k, v in expert_biases(model, meta_model).items()})
+    expected = {n for n in meta_model.state_dict() if ".experts." not in n or n.endswith("_proj_bias")}
     missing = sorted(expected - set(state))
     if config.tie_word_embeddings:
         missing = [n for n in missing if not n.endswith("lm_head.weight")]
@@ -154,6 +156,17 @@ def dense_state_dict(model: GGUFModel, meta_model, dtype: torch.dtype, progress:
         raise GGUFError(f"GGUF file {model.files[0].path!r} lacks {len(missing)} of {type(meta_model).__name__}'s "
                         f"weights, e.g. {missing[:3]}")
     return state
+
+
+def _caster(meta_model, dtype: torch.dtype):
+    """(name, fp32 tensor) -> the tensor in ``dtype``, or kept fp32 where transformers keeps the module in fp32
+    (its ``_keep_in_fp32_modules`` / ``_strict`` names, matched in the parameter name as transformers does)."""
+    import re
+
+    keep = [*(getattr(meta_model, "_keep_in_fp32_modules", None) or []),
+            *(getattr(meta_model, "_keep_in_fp32_modules_strict", None) or [])]
+    fp32 = re.compile("|".join(re.escape(m) for m in keep)) if keep else None
+    return lambda name, w: w if fp32 is not None and fp32.search(name) else w.to(dtype)
 
 
 def _is_parameter(module, name: str) -> bool:
