@@ -104,3 +104,31 @@ def test_a_gpt_oss_config_without_its_biases_is_refused(tmp_path):
     with pytest.raises(KeyError, match="down_proj_bias"):
         wr.load_weights(None)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gpt_oss"
+
+
+@pytest.mark.parametrize("method,mxfp4", [("BF16", False), ("MXFP4", True)], ids=["bf16", "mxfp4"])
+def test_a_gpt_oss_checkpoint_without_config_json_is_recognised_from_its_tensors(tmp_path, method, mxfp4):
+    """No config.json: the expert biases beside the fused experts say gpt-oss (interleaved, biased, clamped
+    SwiGLU with its default constants), not SiLU over a concatenated split."""
+    cfg, experts = _checkpoint(tmp_path, mxfp4)
+    (tmp_path / "config.json").unlink()
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method=method)
+    wr.load_weights(None)
+    assert wr.gpt_oss and wr.activation == "swiglu_oai"
+    assert wr.activation_params == {"alpha": 1.702, "limit": 7.0} == {"alpha": cfg.swiglu_alpha,
+                                                                      "limit": cfg.swiglu_limit}
+    x, ids, w = _routing(16, cfg.hidden_size)
+    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
+    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
+    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) <= FORMAT_TOLERANCE["bf16"]
+
+
+def test_expert_biases_under_another_model_type_are_refused_naming_both(tmp_path):
+    cfg, _ = _checkpoint(tmp_path, mxfp4=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mixtral"}))
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method="MXFP4")
+    with pytest.raises(ValueError, match=r"model_type is 'mixtral'.*layers\.1\.mlp\.experts\.gate_up_proj_bias"):
+        wr.load_weights(None)
