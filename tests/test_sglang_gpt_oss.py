@@ -132,3 +132,17 @@ def test_expert_biases_under_another_model_type_are_refused_naming_both(tmp_path
                       weight_path=str(tmp_path), method="MXFP4")
     with pytest.raises(ValueError, match=r"model_type is 'mixtral'.*layers\.1\.mlp\.experts\.gate_up_proj_bias"):
         wr.load_weights(None)
+
+
+def test_an_e8m0_nan_scale_is_refused_in_the_dequantizing_path(tmp_path):
+    """method BF16 over an MXFP4 checkpoint dequantizes its experts: a _scales byte 0xFF is refused naming the
+    tensor (before: inf in the output)."""
+    cfg, _ = _checkpoint(tmp_path, mxfp4=True)
+    state = load_file(tmp_path / "model.safetensors")
+    key = f"model.layers.{LAYER}.mlp.experts.down_proj_scales"
+    state[key][GPU, 3, 0] = 0xFF
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method="BF16")
+    with pytest.raises(ValueError, match=rf"{key}: E8M0 scale byte 0xFF \(NaN\)"):
+        wr.load_weights(None)
