@@ -1,4 +1,10 @@
-"""Command line: ``python -m torch_ktmoe info|demo|pack|inspect``."""
+"""Command line: ``python -m torch_ktmoe info|demo|pack|inspect`` (``torch_ktmoe/__main__.py`` calls :func:`main`).
+
+The command line is an application over the library, the layer above the wings: ``pack`` loads a checkpoint
+through the Hugging Face wing (:mod:`.pack`), ``inspect`` reads packed model directories (the hf wing's
+manifest) and GGUF files (:mod:`.gguf`). Nothing in the core, ``checkpoint/`` or a wing imports it
+(``tests/test_layering.py``).
+"""
 import argparse
 import os
 import sys
@@ -35,7 +41,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_pack(args) -> int:
-    from torch_ktmoe.cli_pack import pack
+    from torch_ktmoe.cli.pack import pack
 
     return pack(args)
 
@@ -62,7 +68,7 @@ def cmd_inspect(args) -> int:
     from torch_ktmoe.hf.packed_manifest import PackedDirError
 
     if os.path.isfile(args.dir) and args.dir.endswith(".gguf"):
-        from torch_ktmoe.cli_gguf import inspect_gguf
+        from torch_ktmoe.cli.gguf import inspect_gguf
 
         return inspect_gguf(args.dir)
     if not os.path.isdir(args.dir):
@@ -122,7 +128,3 @@ def main(argv=None) -> int:
     elif rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
