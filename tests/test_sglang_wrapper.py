@@ -306,6 +306,16 @@ def test_non_utf8_paths_are_refused_at_construction_naming_them(tmp_path, monkey
         _wrapper(good)
 
 
+def _refused_in_a_child(code: str, hang: str) -> str:
+    """stdout and stderr of ``code`` run in a child process; the test fails with ``hang`` if it runs past 60 s."""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    except subprocess.TimeoutExpired:
+        pytest.fail(hang)
+    return r.stdout + r.stderr
+
+
 def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
     """load_weights lists the *.safetensors files when there is no index: a FIFO among them is refused, never
     opened for reading (that would wait for a writer forever). In a child process: a hang fails the test."""
@@ -322,12 +332,8 @@ def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
         except ValueError as e:
             print("REFUSED", e)
     """)
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
-    except subprocess.TimeoutExpired:
-        pytest.fail("load_weights blocked on a FIFO named *.safetensors")
-    assert "REFUSED" in r.stdout and "zz-pipe.safetensors' is not a regular file" in r.stdout, r.stdout + r.stderr
+    out = _refused_in_a_child(code, "load_weights blocked on a FIFO named *.safetensors")
+    assert "REFUSED" in out and "zz-pipe.safetensors' is not a regular file" in out, out
 
 
 def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_path, monkeypatch):
@@ -431,12 +437,8 @@ def test_config_json_is_read_through_the_safe_opener(tmp_path):
         except ValueError as e:
             print("REFUSED", e)
     """)
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
-    except subprocess.TimeoutExpired:
-        pytest.fail("KTMoEWrapper blocked on a FIFO named config.json")
-    assert "REFUSED" in r.stdout and "config.json' is not a regular file" in r.stdout, r.stdout + r.stderr
+    out = _refused_in_a_child(code, "KTMoEWrapper blocked on a FIFO named config.json")
+    assert "REFUSED" in out and "config.json' is not a regular file" in out, out
     listed = _write(tmp_path / "list", "fused", gate_up, down)
     with open(os.path.join(listed, "config.json"), "w") as f:
         f.write("[1, 2]")
