@@ -162,3 +162,32 @@ def test_ktmoe_rejects_unknown_activation_and_bad_bias_shapes():
     layer = torch_ktmoe.KTMoE(8, 2, 64, 32)
     with pytest.raises(ValueError, match=r"gate_up_bias must have shape \(8, 64\)"):
         layer.set_biases(torch.zeros(8, 32), None)
+
+
+@pytest.mark.parametrize("params,message", [
+    (None, None),
+    ("abc", r"activation 'swiglu_oai': activation_params must be a mapping of parameter name -> number "
+            r"\(\['alpha', 'limit'\]\), got str 'abc'"),
+    ([1.702, 7.0], r"activation 'swiglu_oai': activation_params must be a mapping .*, got list \[1\.702, 7\.0\]"),
+    (7.0, r"activation 'swiglu_oai': activation_params must be a mapping .*, got float 7\.0"),
+    ({"limit": None}, r"activation 'swiglu_oai': parameter 'limit' must be a real number, got NoneType None"),
+    ({"limit": "abc"}, r"activation 'swiglu_oai': parameter 'limit' must be a real number, got str 'abc'"),
+    ({"limit": "7"}, r"activation 'swiglu_oai': parameter 'limit' must be a real number, got str '7'"),
+    ({"limit": True}, r"activation 'swiglu_oai': parameter 'limit' must be a real number, got bool True"),
+    ({"limit": [7.0]}, r"activation 'swiglu_oai': parameter 'limit' must be a real number, got list \[7\.0\]"),
+    ({"limit": torch.tensor(7.0)}, r"parameter 'limit' must be a real number, got Tensor tensor\(7\.\)"),
+    ({1: 7.0}, r"activation 'swiglu_oai' takes \['alpha', 'limit'\], got \[1\]"),
+    ({"limit": 1e-50}, r"swiglu_oai: limit must be a finite number > 0 in fp32, got 1e-50 \(0 in fp32\)"),
+    ({"limit": 1e39}, r"swiglu_oai: limit must be a finite number > 0 in fp32, got 1e\+39 \(inf in fp32\)"),
+])
+def test_activation_params_errors_name_the_activation_and_the_parameter(params, message):
+    """Wrong types are refused naming the activation and the parameter (never a bare Python error; a string, a bool
+    or a tensor is not taken as a number); refused values are printed as written (1e-50, not 0.000000)."""
+    if message is None:
+        assert ops.activation_params("swiglu_oai", params) == pytest.approx((1.702, 7.0))
+        return
+    with pytest.raises(ValueError, match=message):
+        ops.activation_params("swiglu_oai", params)
+    with pytest.raises(ValueError, match=message):
+        torch_ktmoe.KTMoE(8, 2, 64, 32, activation="swiglu_oai", activation_params=params)
+    assert ops.activation_params("swiglu_oai", {"limit": 3, "alpha": 1.5}) == (1.5, 3.0)  # an int is a number

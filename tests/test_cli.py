@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from torch_ktmoe import cli_pack, hf  # noqa: E402
+from torch_ktmoe import hf  # noqa: E402
+from torch_ktmoe.cli import pack as cli_pack  # noqa: E402
 from torch_ktmoe.__main__ import main  # noqa: E402
 from tests.helpers import root_only  # noqa: E402
 
@@ -129,7 +130,7 @@ def test_fifo_shard_is_refused_without_blocking(checkpoint, tmp_path):
 
 UNREADABLE_CHILD = textwrap.dedent("""
     import os, sys
-    import torch_ktmoe.checkpoint.files, torch_ktmoe.cli_pack, torch_ktmoe.hf.packed_manifest, torch_ktmoe.ops
+    import torch_ktmoe.checkpoint.files, torch_ktmoe.cli.pack, torch_ktmoe.hf.packed_manifest, torch_ktmoe.ops
     import torch_ktmoe.paths
     from torch_ktmoe.__main__ import main  # everything pack imports, before root is dropped (the checkout may
     # lie in a directory only root can read, e.g. one made by mktemp -d)

@@ -180,3 +180,39 @@ def test_fp8_checkpoint_in_bf16_packs_its_dequantized_linears(bf16_checkpoint, t
     assert model.ktmoe_report.linears.module_names == PACKED and model.ktmoe_report.defaults_left == {}
     torch_linears = hf.from_pretrained(fp8, dtype=torch.bfloat16, progress=False, pack_linears=False)
     assert torch.equal(sequence(model), sequence(torch_linears))
+
+
+def _tied_model() -> nn.Module:
+    model = make_model("qwen3_moe", hidden_size=256, head_dim=64, tie_word_embeddings=True).to(torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
+def _logits_and_head_input(model, tokens):
+    seen = []
+    handle = model.lm_head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.no_grad():
+        logits = model(tokens).logits
+    handle.remove()
+    return logits, seen[0]
+
+
+def test_a_tied_lm_head_follows_its_embedding():
+    """The defaults leave a tied lm_head unpacked (the report says why): resize_token_embeddings works (before:
+    AttributeError on KTLinear.weight after the input embeddings were resized) and set_input_embeddings +
+    tie_weights changes the logits (before: the old packed copy went on, silently)."""
+    model = _tied_model()
+    report = hf.patch_model(model)
+    assert "lm_head" not in packed_names(model) and "tied" in report.linears.skipped["lm_head"]
+    assert packed_names(model) == PACKED[:-1]  # the untied layers are packed as before
+    vocab = model.config.vocab_size
+    model.resize_token_embeddings(vocab + 64)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.shape[0] == vocab + 64
+    tokens = torch.tensor([[1, 2, 3, vocab + 5]])
+    logits, _ = _logits_and_head_input(model, tokens)
+    assert logits.shape[-1] == vocab + 64
+    new = nn.Embedding(vocab + 64, 256, dtype=torch.bfloat16)
+    model.set_input_embeddings(new)
+    model.tie_weights()
+    logits, head_input = _logits_and_head_input(model, tokens)
+    assert torch.equal(logits, nn.functional.linear(head_input, new.weight))

@@ -71,3 +71,31 @@ def test_the_reference_rows_match_the_kernels_table():
         params = dict(zip(row["params"], row["defaults"]))
         h = reference.gated_activation(gate, up, name, params)
         assert h.shape == gate.shape and torch.isfinite(h).all(), name
+
+
+@pytest.fixture
+def bf16_default():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # what transformers' local_torch_dtype sets while a model is built
+    yield
+    torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("name", sorted(GATE_ACTIVATION_CLASSES))
+def test_the_probe_is_fp32_on_the_cpu_under_any_default_dtype(name, bf16_default):
+    """torch's default dtype bf16 (before: the probe was built in it and every class was refused as 'not its row')."""
+    module = instance(name)
+    found, reason = gate_activation(module)
+    assert reason is None and found is not None
+    assert hf.unsupported_reason(module) is None
+
+
+@pytest.mark.parametrize("name", ["DeepseekV4Experts", "Step3p7Experts", "MiniMaxM3VLExperts"])
+def test_the_probe_runs_inside_a_meta_device_context(name):
+    """Under ``with torch.device("meta")`` (before: Tensor.item() cannot be called on meta tensors)."""
+    module = instance(name)
+    with torch.device("meta"):
+        found, reason = gate_activation(module)
+        assert reason is None and found is not None
+        blocks, refused = hf.find_experts_blocks(torch.nn.ModuleDict({"experts": module}))
+    assert [b.module for b in blocks] == [module] and not refused

@@ -164,3 +164,23 @@ def test_mxfp4_checkpoint_loads_by_dequantizing(tmp_path, weight_format):
     assert loaded.ktmoe_report.replaced_classes == {"GptOssExperts": 2}
     assert_close_logits(logits(loaded), ref)  # MXFP4 values are exact in bf16: only activation rounding
     assert_same_greedy(loaded, ref_seq, ref_step)
+
+
+def test_an_e8m0_nan_scale_is_refused_by_from_pretrained(tmp_path):
+    """The default (dequantized, bf16) load of an MXFP4 checkpoint refuses a _scales byte 0xFF naming the tensor,
+    as weight_format="mxfp4" does (before: a block of ±0.5 codes loaded as ±2^127, the logits inf)."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_gpt_oss().save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    for key in [k for k in state if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        state[key + "_blocks"], state[key + "_scales"] = quantize_mxfp4(state.pop(key).transpose(1, 2))
+    bad = "model.layers.1.mlp.experts.gate_up_proj_scales"
+    state[bad][3, 9, 1] = 0xFF
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for weight_format in (None, "mxfp4"):
+        with pytest.raises(ValueError, match=rf"{bad}: E8M0 scale byte 0xFF \(NaN\)"):
+            hf.from_pretrained(tmp_path, dtype=torch.float32, progress=False, weight_format=weight_format)

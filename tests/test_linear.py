@@ -257,9 +257,9 @@ def test_pack_linears_tied_lm_head_keeps_the_embedding():
     model = make_model("qwen3_moe")
     model.lm_head.weight = model.model.embed_tokens.weight
     hf.patch_model(model)
-    untied = hf.pack_linears(model, min_bytes=0, tied=False)
+    untied = hf.pack_linears(model, min_bytes=0)  # by default a tied layer follows its embedding, unpacked
     assert "lm_head" in untied.skipped and "tied" in untied.skipped["lm_head"]
-    report = hf.pack_linears(model, min_bytes=0)
+    report = hf.pack_linears(model, min_bytes=0, tied=True)
     assert report.module_names == ["lm_head"] and report.tied == ["lm_head"] and report.dense_bytes_freed == 0
     assert model.model.embed_tokens.weight.shape == (128, 64)
     assert_same_greedy(model, ref_seq, ref_logits)

@@ -132,3 +132,28 @@ def test_layer_loads_mxfp4_experts_exactly(numa_parts, tmp_path):
     assert torch.equal(got_gu, dequantize_mxfp4(*gate_up)) and torch.equal(got_dn, dequantize_mxfp4(*down))
     again = torch_ktmoe.KTMoE(E, 2, H, inter, weight_format="mxfp4", numa_parts=numa_parts, mmap_experts_dir=tmp_path)
     assert again.try_load_cached(layer.cache_fingerprint)
+
+
+def test_the_e8m0_nan_byte_is_refused_by_every_mxfp4_reader(tmp_path):
+    """A _scales byte 0xFF (NaN) in a gpt-oss checkpoint: the dequantizing reader (gpt-oss's default, bf16) refuses
+    it naming the tensor, as the exact path does; before, a block of zero codes loaded as zeros and one of ±0.5
+    codes as ±2^127."""
+    from safetensors.torch import save_file
+
+    from torch_ktmoe.checkpoint import Mxfp4Experts, SafetensorsCheckpoint
+
+    gate_up, down = random_checkpoint()
+    scales = gate_up[1].clone()
+    scales[1, 5, 2] = 0xFF
+    prefix = "model.layers.0.mlp.experts"
+    save_file({f"{prefix}.gate_up_proj_blocks": gate_up[0], f"{prefix}.gate_up_proj_scales": scales,
+               f"{prefix}.down_proj_blocks": down[0], f"{prefix}.down_proj_scales": down[1]},
+              str(tmp_path / "model.safetensors"))
+    with SafetensorsCheckpoint(str(tmp_path)) as ckpt:
+        reader = Mxfp4Experts.find(ckpt, prefix, H, I)
+        list(reader.experts([0]))  # expert 0 is fine
+        for read in (reader.experts, reader.mxfp4_experts):
+            with pytest.raises(ValueError, match=rf"{prefix}\.gate_up_proj_scales: E8M0 scale byte 0xFF \(NaN\)"):
+                list(read([1]))
+    with pytest.raises(ValueError, match=r"MXFP4 scales: E8M0 scale byte 0xFF \(NaN\) at \[1, 5, 2\]"):
+        dequantize_mxfp4(gate_up[0], scales)

@@ -1,6 +1,8 @@
 """Next-layer prefetch (torch_ktmoe.next_layer, torch_ktmoe.hf.next_layer): the predictor's ids and their recall on
 cases with known routing, the read-ahead calls it makes, the wiring in patched transformers models (dense layers
 skipped, the last MoE layer predicting nothing), outputs unchanged, off while the experts fit, compiled decode."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,7 @@ import torch_ktmoe
 from tests.helpers import random_experts
 from tests.helpers.hf_models import PROMPT, make_model
 from torch_ktmoe import KTMoE, expert_reads, hf, memory
-from torch_ktmoe.next_layer import NextLayerPredictor
+from torch_ktmoe.next_layer import NextLayerPredictor, NextLayerPrefetchWarning
 
 E, K, H, I = 8, 2, 64, 32
 
@@ -200,3 +202,43 @@ def test_hf_compiled_decode_with_it_forced_on():
         out = model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=4, do_sample=False)
     assert compiled.graphs == 1 and torch.equal(out, eager)
     torch._dynamo.reset()
+
+
+def _warnings_once(fn, layers=1):
+    """``fn()`` and its NextLayerPrefetchWarnings, one per predicting layer."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fn()
+    ours = [str(s.message) for s in seen if issubclass(s.category, NextLayerPrefetchWarning)]
+    assert len(ours) == layers, [str(s.message) for s in seen]
+    return out, ours
+
+
+def test_a_failing_read_ahead_switches_the_predictor_off_with_one_warning(monkeypatch):
+    def fail(w13, w2, ids):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(expert_reads, "read_ahead_experts", fail)
+    target = _layer(idx=4, next_layer_prefetch=True)
+    predictor = NextLayerPredictor(Router(torch.randn(E, H)), target, layer_idx=3)
+    _, (message,) = _warnings_once(lambda: [predictor(torch.randn(1, H)) for _ in range(3)])
+    assert "layer 3" in message and "layer 4" in message and "Input/output error" in message
+    assert predictor.off is not None and target.next_layer_recall.pending is None
+
+
+def test_hf_a_failing_prediction_changes_no_output(monkeypatch):
+    """A patched model's predictors whose reads fail: one warning per predicting layer over two forwards, the same
+    logits as without prediction."""
+    logits = {}
+    for mode in (False, True):
+        model = make_model("qwen3_moe", num_hidden_layers=3)
+        hf.patch_model(model, next_layer_prefetch=mode)
+        if mode:
+            monkeypatch.setattr(expert_reads, "read_ahead_experts",
+                                lambda w13, w2, ids: (_ for _ in ()).throw(FileNotFoundError(2, "gone")))
+            logits[mode], messages = _warnings_once(lambda: [model(PROMPT[:, :1]).logits for _ in range(2)][-1], 2)
+            assert "layer 0: next-layer prefetch of layer 1" in messages[0] and "FileNotFoundError" in messages[0]
+        else:
+            with torch.no_grad():
+                logits[mode] = model(PROMPT[:, :1]).logits
+    assert torch.equal(logits[True].detach(), logits[False])

@@ -5,6 +5,7 @@ anonymous experts and the last layer start nothing; outputs never change; ``rout
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -211,3 +212,24 @@ def test_a_truncated_next_layer_ends_its_stream_with_an_error(tmp_path):
                          timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().startswith("error: madvise(MADV_POPULATE_READ)"), res.stdout
+
+
+def test_a_failing_stream_warns_once_and_switches_streaming_off(tmp_path, monkeypatch):
+    """Any failure of the stream (here the directory's files gone: FileNotFoundError) is one warning naming the
+    layer; the forward's output is unchanged and later prefills do not try again."""
+    first, second = _model(tmp_path, prefetch=True)
+    calls = []
+
+    def gone(self, arenas):
+        calls.append(arenas)
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path))
+
+    monkeypatch.setattr(ExpertsDir, "stream_after", gone)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            got, ref = _forward(first, ALL)
+            assert torch.equal(got, ref)
+    ours = [str(s.message) for s in seen if "stream" in str(s.message)]
+    assert len(ours) == 1 and "layer 0" in ours[0] and "No such file" in ours[0], [str(s.message) for s in seen]
+    assert len(calls) == 1

@@ -52,6 +52,14 @@ def _reference(experts, x, ids, w):
         return experts(x, ids, torch.where(ids < GPU, torch.zeros_like(w), w))
 
 
+def _relative_error(wr, cfg, experts) -> float:
+    """The wrapper's output against GptOssExperts' on 16 tokens (mean |out - ref| / mean |ref|)."""
+    x, ids, w = _routing(16, cfg.hidden_size)
+    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
+    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
+    return float((out.float() - ref).abs().mean() / ref.abs().mean())
+
+
 @pytest.mark.parametrize("method,mxfp4", [("BF16", False), ("MXFP4", True)], ids=["bf16", "mxfp4"])
 def test_gpt_oss_checkpoint_matches_gpt_oss_experts(tmp_path, method, mxfp4):
     cfg, experts = _checkpoint(tmp_path, mxfp4)
@@ -60,10 +68,7 @@ def test_gpt_oss_checkpoint_matches_gpt_oss_experts(tmp_path, method, mxfp4):
     wr.load_weights(None)
     assert wr.activation == "swiglu_oai"
     assert wr.activation_params == {"alpha": cfg.swiglu_alpha, "limit": cfg.swiglu_limit}
-    x, ids, w = _routing(16, cfg.hidden_size)
-    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
-    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
-    rel = float((out.float() - ref).abs().mean() / ref.abs().mean())
+    rel = _relative_error(wr, cfg, experts)
     assert rel <= FORMAT_TOLERANCE["bf16"], rel
 
 
@@ -75,10 +80,7 @@ def test_gpt_oss_from_tensors_takes_the_checkpoint_biases(tmp_path):
     wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
                       weight_path=str(tmp_path), method="BF16")
     wr.load_weights_from_tensors(gate_up[:, 0::2], gate_up[:, 1::2], experts.down_proj.detach().transpose(1, 2))
-    x, ids, w = _routing(16, cfg.hidden_size)
-    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
-    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
-    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) <= FORMAT_TOLERANCE["bf16"]
+    assert _relative_error(wr, cfg, experts) <= FORMAT_TOLERANCE["bf16"]
 
 
 def test_an_explicit_activation_wins_over_the_config(tmp_path):
@@ -88,10 +90,7 @@ def test_an_explicit_activation_wins_over_the_config(tmp_path):
                       weight_path=str(tmp_path), method="BF16", activation="silu")
     assert wr.activation == "silu"
     wr.load_weights(None)
-    x, ids, w = _routing(16, cfg.hidden_size)
-    out = wr.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
-    ref = _reference(experts, x.to(torch.bfloat16).float(), ids, w)
-    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) > 10 * FORMAT_TOLERANCE["bf16"]
+    assert _relative_error(wr, cfg, experts) > 10 * FORMAT_TOLERANCE["bf16"]
 
 
 def test_a_gpt_oss_config_without_its_biases_is_refused(tmp_path):
@@ -104,3 +103,42 @@ def test_a_gpt_oss_config_without_its_biases_is_refused(tmp_path):
     with pytest.raises(KeyError, match="down_proj_bias"):
         wr.load_weights(None)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gpt_oss"
+
+
+@pytest.mark.parametrize("method,mxfp4", [("BF16", False), ("MXFP4", True)], ids=["bf16", "mxfp4"])
+def test_a_gpt_oss_checkpoint_without_config_json_is_recognised_from_its_tensors(tmp_path, method, mxfp4):
+    """No config.json: the expert biases beside the fused experts say gpt-oss (interleaved, biased, clamped
+    SwiGLU with its default constants), not SiLU over a concatenated split."""
+    cfg, experts = _checkpoint(tmp_path, mxfp4)
+    (tmp_path / "config.json").unlink()
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method=method)
+    wr.load_weights(None)
+    assert wr.gpt_oss and wr.activation == "swiglu_oai"
+    assert wr.activation_params == {"alpha": 1.702, "limit": 7.0} == {"alpha": cfg.swiglu_alpha,
+                                                                      "limit": cfg.swiglu_limit}
+    assert _relative_error(wr, cfg, experts) <= FORMAT_TOLERANCE["bf16"]
+
+
+def test_expert_biases_under_another_model_type_are_refused_naming_both(tmp_path):
+    cfg, _ = _checkpoint(tmp_path, mxfp4=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mixtral"}))
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method="MXFP4")
+    with pytest.raises(ValueError, match=r"model_type is 'mixtral'.*layers\.1\.mlp\.experts\.gate_up_proj_bias"):
+        wr.load_weights(None)
+
+
+def test_an_e8m0_nan_scale_is_refused_in_the_dequantizing_path(tmp_path):
+    """method BF16 over an MXFP4 checkpoint dequantizes its experts: a _scales byte 0xFF is refused naming the
+    tensor (before: inf in the output)."""
+    cfg, _ = _checkpoint(tmp_path, mxfp4=True)
+    state = load_file(tmp_path / "model.safetensors")
+    key = f"model.layers.{LAYER}.mlp.experts.down_proj_scales"
+    state[key][GPU, 3, 0] = 0xFF
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    wr = KTMoEWrapper(LAYER, E, K, cfg.hidden_size, cfg.intermediate_size, num_gpu_experts=GPU,
+                      weight_path=str(tmp_path), method="BF16")
+    with pytest.raises(ValueError, match=rf"{key}: E8M0 scale byte 0xFF \(NaN\)"):
+        wr.load_weights(None)

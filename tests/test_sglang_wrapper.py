@@ -306,6 +306,16 @@ def test_non_utf8_paths_are_refused_at_construction_naming_them(tmp_path, monkey
         _wrapper(good)
 
 
+def _refused_in_a_child(code: str, hang: str) -> str:
+    """stdout and stderr of ``code`` run in a child process; the test fails with ``hang`` if it runs past 60 s."""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    except subprocess.TimeoutExpired:
+        pytest.fail(hang)
+    return r.stdout + r.stderr
+
+
 def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
     """load_weights lists the *.safetensors files when there is no index: a FIFO among them is refused, never
     opened for reading (that would wait for a writer forever). In a child process: a hang fails the test."""
@@ -322,12 +332,8 @@ def test_fifo_shard_without_an_index_is_a_value_error_naming_it(tmp_path):
         except ValueError as e:
             print("REFUSED", e)
     """)
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
-    except subprocess.TimeoutExpired:
-        pytest.fail("load_weights blocked on a FIFO named *.safetensors")
-    assert "REFUSED" in r.stdout and "zz-pipe.safetensors' is not a regular file" in r.stdout, r.stdout + r.stderr
+    out = _refused_in_a_child(code, "load_weights blocked on a FIFO named *.safetensors")
+    assert "REFUSED" in out and "zz-pipe.safetensors' is not a regular file" in out, out
 
 
 def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_path, monkeypatch):
@@ -365,13 +371,14 @@ def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_p
         assert reads == []
     else:
         assert len(reads) == 1 and reads[0].min() >= 0 and reads[0].max() < second.num_cpu_experts
+    again = _wrapper(path, next_layer_prefetch=True)  # another model of the same checkpoint
+    again.load_weights()
     off = KTMoEWrapper(L + 1, E, K, H, I, num_gpu_experts=2, weight_path=path, method="BF16",
-                       next_layer_prefetch="auto")  # anonymous
+                       next_layer_prefetch="auto")  # anonymous: its layer does not ask
     off.load_weights()
     assert not off.moe.next_layer_prefetching
-    first._predictor = first._following = None
-    first.forward(x, ids, w)
-    assert first._predictor is None and len(reads) == 1  # asked again next forward, nothing read
+    again.forward(x, ids, w)
+    assert again._predictor is None and len(reads) == 1  # asked again next forward, nothing read
 
 
 def test_llamafile_runs_a_gguf_in_place_with_a_gpu_split(tmp_path):
@@ -415,3 +422,30 @@ def test_llamafile_bad_directories_are_named(tmp_path):
     write_moe_gguf(tmp_path / "b.gguf", layers=4, experts=E, hidden=256, inter=256)
     with pytest.raises(ValueError, match="holds 2 GGUF models"):
         _wrapper(str(tmp_path), method="LLAMAFILE").load_weights(None)
+
+
+def test_config_json_is_read_through_the_safe_opener(tmp_path):
+    """A FIFO named config.json never blocks (in a child: a hang fails the test); a JSON list and a gpt-oss
+    swiglu_limit that is no number are ValueErrors naming the file (and the field)."""
+    gate_up, down = _experts()
+    fifo = _write(tmp_path / "fifo", "fused", gate_up, down)
+    os.mkfifo(os.path.join(fifo, "config.json"))
+    code = textwrap.dedent(f"""
+        from torch_ktmoe.sglang import KTMoEWrapper
+        try:
+            KTMoEWrapper({L}, {E}, {K}, {H}, {I}, num_gpu_experts=2, weight_path={fifo!r}, method="BF16").load_weights()
+        except ValueError as e:
+            print("REFUSED", e)
+    """)
+    out = _refused_in_a_child(code, "KTMoEWrapper blocked on a FIFO named config.json")
+    assert "REFUSED" in out and "config.json' is not a regular file" in out, out
+    listed = _write(tmp_path / "list", "fused", gate_up, down)
+    with open(os.path.join(listed, "config.json"), "w") as f:
+        f.write("[1, 2]")
+    with pytest.raises(ValueError, match=r"list/config.json' is not a JSON object \(it holds a list\)"):
+        _wrapper(listed).load_weights()
+    limit = _write(tmp_path / "limit", "fused", gate_up, down)
+    with open(os.path.join(limit, "config.json"), "w") as f:
+        f.write('{"model_type": "gpt_oss", "swiglu_limit": "abc"}')
+    with pytest.raises(ValueError, match=r"limit/config.json: swiglu_limit must be a finite number, got 'abc'"):
+        _wrapper(limit).load_weights()

@@ -422,15 +422,15 @@ class KTMoE(nn.Module):
         """A prefill (routed to at least 3/4 of the experts) of a model that does not fit: map the next layer's
         experts from the disk in the background while this one computes (ExpertsDir.stream_after)."""
         directory = self.arenas.experts_dir
-        if directory is None or directory.file_experts_fit or not _C.routed_to_most(self.num_experts, topk_ids):
+        if (directory is None or getattr(self, "_stream_off", False) or directory.file_experts_fit
+                or not _C.routed_to_most(self.num_experts, topk_ids)):
             return
         try:
             directory.stream_after(self.arenas)
-        except RuntimeError as e:  # e.g. the file cannot be reopened: the experts fault in as without it
-            if not getattr(self, "_stream_warned", False):
-                self._stream_warned = True
-                warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({e}); "
-                              "its experts fault in on use", ResourceWarning, stacklevel=3)
+        except Exception as e:  # noqa: BLE001 - e.g. the files gone: the experts fault in as without it
+            self._stream_off = True  # switched off for this layer, one warning
+            warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({type(e).__name__}: "
+                          f"{e}); switched off, its experts fault in on use", ResourceWarning, stacklevel=3)
 
     def residency_stats(self) -> Optional[dict]:
         """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the

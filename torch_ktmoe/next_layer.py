@@ -21,6 +21,10 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   without a predictor: docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
   every output is the same with and without it.
 
+A prediction is an optimisation: the first time one fails (the read ahead, the stream, a router the host could not
+read), it is switched off for that layer with one :class:`NextLayerPrefetchWarning` naming the layers and the
+reason; the forward goes on unchanged, and so do later ones, without it.
+
 It runs only while layer L+1 asks for it (:attr:`torch_ktmoe.KTMoE.next_layer_prefetching`: by default
 ``"auto"``, while its file-backed experts do not fit in memory, the decision of ``prefetch="auto"``; ``True``), never
 inside a compiled graph (``torch.compiler.is_compiling()``), and never for a hash-routed layer (DeepSeek-V4's first
@@ -33,6 +37,7 @@ shown by :meth:`torch_ktmoe.KTMoE.residency_stats` and :func:`torch_ktmoe.reside
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -42,10 +47,24 @@ import torch.nn.functional as F
 from . import expert_reads, ops
 from ._native import _C
 
-__all__ = ["NextLayerPredictor", "PredictionRecall", "router_refusal", "NEXT_LAYER_MODES"]
+__all__ = ["NextLayerPredictor", "PredictionRecall", "router_refusal", "NEXT_LAYER_MODES", "NextLayerPrefetchWarning",
+           "warn_prefetch_off"]
 
 NEXT_LAYER_MODES = ("auto", True, False)
 RECALL_COUNTERS = ("predicted_forwards", "predicted_routed", "predicted_found")
+
+
+class NextLayerPrefetchWarning(RuntimeWarning):
+    """A next-layer prediction failed and was switched off for that layer; outputs are unchanged."""
+
+
+def warn_prefetch_off(layer: Optional[int], target: int, error: BaseException, stacklevel: int = 3) -> str:
+    """Warns once that ``layer``'s prediction of layer ``target`` is off because of ``error``; returns the reason."""
+    reason = f"{type(error).__name__}: {error}"
+    where = f"layer {layer}: " if layer is not None else ""
+    warnings.warn(f"{where}next-layer prefetch of layer {target} switched off ({reason}); forwards go on without it",
+                  NextLayerPrefetchWarning, stacklevel=stacklevel)
+    return reason
 
 
 class PredictionRecall:
@@ -97,15 +116,17 @@ class NextLayerPredictor:
     """Predicts the experts of ``target`` (layer L+1's KTMoE) with ``router`` (layer L+1's router module) from
     layer L's hidden state and reads them ahead; see the module. ``k_prime``: experts predicted per token
     (default k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
-    row, -1 where it holds none (sglang's CPU slots; None: the same ids). Called as
-    ``predictor(hidden_states [..., H])``; returns nothing."""
+    row, -1 where it holds none (sglang's CPU slots; None: the same ids). ``layer_idx``: the layer it runs in
+    (named in the warning when it fails). Called as ``predictor(hidden_states [..., H])``; returns nothing; a
+    failure switches it off (:attr:`off`: why) with one :class:`NextLayerPrefetchWarning`."""
 
     def __init__(self, router: nn.Module, target: nn.Module, k_prime: Optional[int] = None,
-                 id_map: Optional[torch.Tensor] = None):
+                 id_map: Optional[torch.Tensor] = None, layer_idx: Optional[int] = None):
         reason = router_refusal(router)
         if reason is not None:
             raise ValueError(f"cannot predict layer {target.layer_idx} from {type(router).__name__}: {reason}")
-        self.router, self.target, self.id_map = router, target, id_map
+        self.router, self.target, self.id_map, self.layer_idx = router, target, id_map, layer_idx
+        self.off: Optional[str] = None  # why a failure switched it off
         k_prime = target.top_k if k_prime is None else int(k_prime)
         if k_prime < 1:
             raise ValueError(f"k_prime must be >= 1, got {k_prime}")
@@ -139,17 +160,25 @@ class NextLayerPredictor:
         return ids if self.id_map is None else self.id_map[ids]
 
     def __call__(self, hidden_states: torch.Tensor) -> None:
-        if torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
+        if self.off is not None or torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
             return
-        with torch.no_grad():
-            predicted = self.predict(hidden_states)
-            self.target.next_layer_recall.expect(predicted)
-            experts = torch.unique(predicted)
-            experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
-            if _C.routed_to_most(self.target.num_experts, experts):  # a prefill's union: map layer L+1 whole
-                directory = self.target.arenas.experts_dir
-                if directory is not None:
-                    directory.stream(self.target.arenas, self.target.arenas.file_backed_bytes)
-                return
-            for w13, w2 in self.target.packed_tensors():
-                expert_reads.read_ahead_experts(w13, w2, experts)
+        try:
+            with torch.no_grad():
+                predicted = self.predict(hidden_states)
+                self._read_ahead(predicted)
+        except Exception as e:  # noqa: BLE001 - an optimisation never fails the forward
+            self.off = warn_prefetch_off(self.layer_idx, self.target.layer_idx, e)
+            return
+        self.target.next_layer_recall.expect(predicted)
+
+    def _read_ahead(self, predicted: torch.Tensor) -> None:
+        """The predicted experts read into the page cache (a prefill's union: the layer mapped whole)."""
+        experts = torch.unique(predicted)
+        experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
+        if _C.routed_to_most(self.target.num_experts, experts):  # a prefill's union: map layer L+1 whole
+            directory = self.target.arenas.experts_dir
+            if directory is not None:
+                directory.stream(self.target.arenas, self.target.arenas.file_backed_bytes)
+            return
+        for w13, w2 in self.target.packed_tensors():
+            expert_reads.read_ahead_experts(w13, w2, experts)

@@ -8,7 +8,9 @@ The ops are inference-only. Each has an autograd formula that raises
 experts is never silently zero or missing (the forward itself runs fine on inputs
 that require grad, e.g. a model called outside ``torch.no_grad``).
 """
+import collections.abc
 import hashlib
+import numbers
 from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -54,21 +56,37 @@ _tag_compile_caches()
 def activation_params(activation: str, params: Optional[Mapping[str, float]] = None) -> Tuple[float, ...]:
     """The op's ``activation_params`` of ``activation`` from named values (the rest: the row's defaults).
 
-    Raises ValueError naming an unknown activation or parameter, or a value the kernels refuse
-    (not finite; a limit or softcap <= 0).
+    Raises ValueError naming the activation and what is wrong: an unknown activation or parameter, ``params`` that
+    is no mapping, a value that is no real number (a string, a bool, a tensor), or one the kernels refuse (not
+    finite in fp32; a limit or softcap <= 0), printed as given.
     """
-    row = GATED_ACTIVATIONS.get(activation)
+    row = GATED_ACTIVATIONS.get(activation) if isinstance(activation, str) else None
     if row is None:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    params = dict(params or {})
-    unknown = params.keys() - set(row["params"])
+    if params is None:
+        params = {}
+    if not isinstance(params, collections.abc.Mapping):
+        raise ValueError(f"activation {activation!r}: activation_params must be a mapping of parameter name -> "
+                         f"number ({row['params']}), got {type(params).__name__} {_short(params)}")
+    unknown = [k for k in params if k not in row["params"]]
     if unknown:
-        raise ValueError(f"activation {activation!r} takes {row['params'] or 'no parameters'}, got {sorted(unknown)}")
+        raise ValueError(f"activation {activation!r} takes {row['params'] or 'no parameters'}, got "
+                         f"{sorted(unknown, key=repr)}")
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # "7", True, a tensor: not numbers
+            raise ValueError(f"activation {activation!r}: parameter {name!r} must be a real number, got "
+                             f"{type(value).__name__} {_short(value)}")
     values = tuple(float(params.get(name, default)) for name, default in zip(row["params"], row["defaults"]))
     error = _C.gated_activation_error(activation, list(values))
     if error:
         raise ValueError(error)
     return values
+
+
+def _short(value) -> str:
+    """``repr(value)``, cut to one short line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def default_group_size(weight_format: str) -> int:

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from ._native import _C
+from .next_layer import RECALL_COUNTERS, PredictionRecall
 
 __all__ = ["LayerResidency", "residency_report", "layer_stats", "process_read_bytes"]
 
@@ -113,12 +114,9 @@ def residency_report(module: nn.Module, reset: bool = False) -> dict:
     since every token passes every layer; ``layers``: how many are counted; ``recall``: the mean of the predicted
     layers' recalls, ``predicted_layers`` of them) and per layer under ``per_layer`` (by module name).
     ``reset=True`` zeroes the counters after reading them."""
-    from .layer import KTMoE
-    from .next_layer import RECALL_COUNTERS
-
     per_layer = {}
     for name, m in module.named_modules():
-        if isinstance(m, KTMoE):
+        if isinstance(getattr(m, "next_layer_recall", None), PredictionRecall):  # a KTMoE (residency imports no layer)
             stats = layer_stats(m)
             if stats is None:
                 continue

@@ -2,6 +2,8 @@
 #include "kernels/gated_activation.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <iterator>
 
 namespace ktmoe {
@@ -24,6 +26,18 @@ static_assert(std::size(kRows) == size_t(GateActivation::kSwigluSoftcap) + 1, "a
 
 // alpha may be any finite number; limits and softcaps bound a magnitude, so they must be > 0.
 bool must_be_positive(std::string_view param) { return param != "alpha"; }
+
+// A parameter as a user wrote it: the shortest form that reads back the same double (1e-50, not 0.000000).
+std::string number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int digits = 1; digits < 17; ++digits) {  // fewer digits while they still read back v
+    char shorter[40];
+    std::snprintf(shorter, sizeof shorter, "%.*g", digits, v);
+    if (std::strtod(shorter, nullptr) == v) return shorter;
+  }
+  return buf;
+}
 
 }  // namespace
 
@@ -49,7 +63,8 @@ std::string make_activation(const GatedActivationRow& row, const double* params,
     const float f = float(v);
     if (!std::isfinite(f) || (must_be_positive(row.param_names[i]) && !(f > 0.f)))
       return std::string(row.name) + ": " + row.param_names[i] + " must be a finite number" +
-             (must_be_positive(row.param_names[i]) ? " > 0" : "") + ", got " + std::to_string(v);
+             (must_be_positive(row.param_names[i]) ? " > 0" : "") + " in fp32, got " + number(v) +
+             (std::isfinite(v) && double(f) != v ? " (" + number(double(f)) + " in fp32)" : "");
     act.p[i] = f;
   }
   *out = act;

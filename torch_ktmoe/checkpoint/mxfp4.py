@@ -2,7 +2,8 @@
 
 A block holds 32 weights: 16 bytes of FP4 E2M1 codes (two per byte, the low nibble first)
 and one E8M0 scale byte, the power of two ``2^(scale - 127)``. E2M1 codes 0..7 are
-0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes 8..15 the same values negated.
+0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes 8..15 the same values negated. The scale byte 0xFF is E8M0's NaN: every
+reader of E8M0 bytes (this module's, :mod:`.fp4`, :mod:`.fp8`'s ue8m0 scales) refuses it through :func:`e8m0_bytes`.
 
 :class:`Mxfp4Experts` reads a gpt-oss checkpoint's experts, dequantized one expert at a time, or (its
 ``mxfp4_experts``) as codes and scale bytes for ``weight_format="mxfp4"``, which keeps them exactly.
@@ -46,12 +47,14 @@ def e8m0_bytes(scale: torch.Tensor, key: str) -> torch.Tensor:
     return e
 
 
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """blocks [..., G, 16] uint8, scales [..., G] uint8 -> [..., G * 32] float32 (exact)."""
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str = "MXFP4 scales") -> torch.Tensor:
+    """blocks [..., G, 16] uint8, scales [..., G] uint8 -> [..., G * 32] float32 (exact); the scales go through
+    :func:`e8m0_bytes` (ValueError naming ``name`` for the NaN byte 0xFF)."""
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise TypeError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} / {scales.dtype}")
     if blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} must be scales {tuple(scales.shape)} + (16,)")
+    scales = e8m0_bytes(scales, name)
     lut = torch.tensor(_E2M1, dtype=torch.float32)
     codes = torch.stack([blocks & 0x0F, blocks >> 4], -1).long()  # [..., G, 16, 2]: low nibble first
     values = lut[codes].flatten(-2)  # [..., G, 32]
@@ -106,9 +109,13 @@ class Mxfp4Experts:
         self.ckpt, self.prefix = ckpt, prefix
         self.rows = FusedLayout(transposed=False, interleaved=layout.interleaved)  # stored output-major
 
+    def _scales(self, name: str, e: int) -> torch.Tensor:
+        """Expert ``e``'s E8M0 scale bytes of ``name`` (ValueError naming the tensor for the NaN byte 0xFF)."""
+        key = f"{self.prefix}.{name}_scales"
+        return e8m0_bytes(self.ckpt.get_row(key, e), key)
+
     def _dequantized_row(self, name: str, e: int) -> torch.Tensor:
-        return dequantize_mxfp4(self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e),
-                                self.ckpt.get_row(f"{self.prefix}.{name}_scales", e))
+        return dequantize_mxfp4(self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e), self._scales(name, e))
 
     def mxfp4_experts(self, ids: Iterable[int], group: int = 32) -> Iterator[tuple[torch.Tensor, ...]]:
         """Per id, the e2m1 codes ``(gate_up [2I, H], down [H, I])`` (uint8, one per byte) and their E8M0
@@ -119,8 +126,7 @@ class Mxfp4Experts:
         self.ckpt.expect_rows(f"{self.prefix}.gate_up_proj_blocks", ids)
         for e in ids:
             gate_up, down = (self.ckpt.get_row(f"{self.prefix}.{name}_blocks", e) for name in ("gate_up_proj", "down_proj"))
-            gate_up_scale, down_scale = (self.ckpt.get_row(f"{self.prefix}.{name}_scales", e)
-                                         for name in ("gate_up_proj", "down_proj"))
+            gate_up_scale, down_scale = (self._scales(name, e) for name in ("gate_up_proj", "down_proj"))
             gate, up = self.rows.split_gate_up(split_nibbles(gate_up))
             gate_scale, up_scale = self.rows.split_gate_up(gate_up_scale)
             yield torch.cat([gate, up]), split_nibbles(down), torch.cat([gate_scale, up_scale]), down_scale

@@ -22,9 +22,10 @@ Entry points:
     A packed model directory: config, non-expert safetensors and the packed experts as
     cache files, loaded without the source checkpoint (:mod:`.packed_dir`).
 
-``pack_linears(model, *, min_bytes=64 KiB, tied=True, routers=True, dtypes=(fp32, bf16, fp16)) -> PackedLinears``
+``pack_linears(model, *, min_bytes=64 KiB, tied=False, routers=True, dtypes=(fp32, bf16, fp16)) -> PackedLinears``
     Replaces the dense ``nn.Linear`` layers outside the experts (attention projections, shared experts,
-    lm_head) by :class:`torch_ktmoe.linear.KTLinear`: the same bf16 gemm as the experts (:mod:`.dense_linears`).
+    lm_head) by :class:`torch_ktmoe.linear.KTLinear`: the same bf16 gemm as the experts (:mod:`.dense_linears`);
+    a tied lm_head stays an ``nn.Linear`` that follows its embedding unless ``tied=True``.
 
 ``compile_decode(model, *, max_cache_len=1024, backend="inductor") -> CompiledDecode``
     Makes ``model.generate`` prefill eagerly and run each decode step compiled on the CPU with

@@ -12,8 +12,10 @@ whose weight is not fp32 / bf16 / fp16 on the CPU (offloaded layers), layers bel
 that are not ``nn.Linear`` (transformers 5's ``*TopKRouter`` modules) keep their module and their own
 forward, with its one ``F.linear`` on a packed copy of the weight (:mod:`.packed_router`; ``routers=False``
 leaves them). A layer whose weight is tied to an
-``nn.Embedding`` (a tied lm_head) is packed too, unless ``tied=False``: the embedding keeps the shared
-tensor and keeps working, and the packed copy is extra memory (reported apart). Works with
+``nn.Embedding`` (a tied lm_head) stays an ``nn.Linear`` sharing the embedding's tensor (``skipped`` says so), so it
+follows its embedding through transformers' ``resize_token_embeddings`` and ``set_input_embeddings`` +
+``tie_weights``; ``tied=True`` packs it anyway, as a copy that does not follow (extra memory, reported apart, and
+those two APIs then need the model unpacked). Works with
 ``compile_decode``: ``ktmoe::linear`` is a custom op with a fake kernel, its output shape is static.
 ``state_dict()`` / ``save_packed`` write each replaced layer as a dense ``weight`` (``KTLinear``).
 """
@@ -73,7 +75,8 @@ def _skip_reason(linear: nn.Linear, min_bytes: int, tied: bool, is_tied: bool,
     if nbytes < min_bytes:
         return f"{nbytes} weight bytes < min_bytes {min_bytes}"
     if is_tied and not tied:
-        return "weight tied to an embedding (tied=False)"
+        return ("weight tied to an embedding: stays nn.Linear sharing it, so it follows the embedding "
+                "(resize_token_embeddings, set_input_embeddings + tie_weights); tied=True packs a copy")
     return None
 
 
@@ -97,12 +100,13 @@ def _check_dtypes(dtypes) -> tuple[torch.dtype, ...]:
     return dtypes
 
 
-def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = True,
+def pack_linears(model: nn.Module, *, min_bytes: int = DEFAULT_MIN_BYTES, tied: bool = False,
                  routers: bool = True, dtypes=DENSE_DTYPES) -> PackedLinears:
     """Replace ``model``'s dense ``nn.Linear`` layers outside its experts blocks by :class:`KTLinear`.
 
     ``min_bytes``: layers with fewer dense weight bytes stay ``nn.Linear`` (0: pack all). ``tied``: also pack
-    layers whose weight an ``nn.Embedding`` shares (the embedding keeps it: memory grows by the packed copy).
+    layers whose weight an ``nn.Embedding`` shares (default False: they follow their embedding; True: a packed
+    copy that does not, while the embedding keeps the tensor: memory grows by the copy).
     ``routers``: also run the routers' logits packed (the router keeps its module, forward and weight).
     ``dtypes``: the weight dtypes packed (a layer of another dtype is skipped; ``patch_model`` and
     ``from_pretrained`` pack bf16 only). Layers and routers already packed stay as they are: a second call

@@ -19,7 +19,8 @@ BeamExperts                                   ``silu``              (computed in
 The table names the row; :func:`gate_activation` then checks it against the module itself: its
 ``_apply_gate`` runs on a fixed fp32 probe (values past the limits and caps) and must agree with
 :func:`torch_ktmoe.reference.gated_activation` of the row, so a release that changes a class's gate
-is refused, not run wrong. The probe needs no weights (meta modules work).
+is refused, not run wrong. The probe needs no weights (meta modules work) and is fp32 on the CPU under any
+default dtype (transformers' ``local_torch_dtype`` while a model is built) or device context (``torch.device("meta")``).
 """
 from __future__ import annotations
 
@@ -64,11 +65,13 @@ _PROBE_COLUMNS = 64
 
 
 def _probe(scale: float) -> torch.Tensor:
-    """gate_up [64, 128] fp32: a grid over ±3·scale in the gate half, Gaussian·2·scale in the up half."""
+    """gate_up [64, 128] fp32 on the CPU (whatever torch's default dtype and device): a grid over ±3·scale in the
+    gate half, Gaussian·2·scale in the up half."""
+    fp32 = dict(dtype=torch.float32, device="cpu")
     gen = torch.Generator().manual_seed(0)
-    grid = torch.linspace(-3 * scale, 3 * scale, _PROBE_COLUMNS).expand(_PROBE_COLUMNS, -1)
-    gate = grid + torch.randn(_PROBE_COLUMNS, _PROBE_COLUMNS, generator=gen) * 0.1 * scale
-    up = torch.randn(_PROBE_COLUMNS, _PROBE_COLUMNS, generator=gen) * 2 * scale
+    grid = torch.linspace(-3 * scale, 3 * scale, _PROBE_COLUMNS, **fp32).expand(_PROBE_COLUMNS, -1)
+    gate = grid + torch.randn(_PROBE_COLUMNS, _PROBE_COLUMNS, generator=gen, **fp32) * 0.1 * scale
+    up = torch.randn(_PROBE_COLUMNS, _PROBE_COLUMNS, generator=gen, **fp32) * 2 * scale
     return torch.cat([gate, up], -1)
 
 
@@ -84,7 +87,7 @@ def gate_activation(module: nn.Module) -> tuple[Optional[tuple[str, dict]], Opti
     named = dict(zip(GATED_ACTIVATIONS[activation]["params"], values))
     scale = max([abs(v) for v in values] + [4.0])
     gate_up = _probe(scale)
-    with torch.no_grad():
+    with torch.no_grad(), torch.device("cpu"):  # inside a meta-device context too: what the gate makes is CPU
         try:
             got = module._apply_gate(gate_up).float()
         except Exception as e:  # noqa: BLE001 - any failure means we cannot vouch for it

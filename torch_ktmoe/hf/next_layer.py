@@ -11,7 +11,8 @@ nothing) gets a forward pre-hook that hands a hidden state of layer L to a
   ``...layers.N`` holding the adapter; the reads start one attention earlier, from a state one attention and one
   norm further from what L' routes on.
 
-The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: ``"auto"``, the default, while its
+A failed prediction switches itself off for L with one warning, never failing or changing a forward
+(:class:`~torch_ktmoe.next_layer.NextLayerPredictor`). The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: ``"auto"``, the default, while its
 file-backed experts do not fit in memory, ``True`` always, ``False`` never). Attaching again replaces the hooks. Returns ``(predicted, left)``: the
 ``layer_idx`` of each layer whose experts are predicted, and ``{layer_idx: why not}`` for the others but the first.
 """
@@ -102,7 +103,7 @@ def attach_next_layer_prefetch(model: nn.Module, *, k_prime: int | None = None,
         if reason:
             left[following.layer_idx] = reason
             continue
-        hook = _PredictHook(NextLayerPredictor(router, target, k_prime))
+        hook = _PredictHook(NextLayerPredictor(router, target, k_prime, layer_idx=adapter.ktmoe.layer_idx))
         module.register_forward_pre_hook(hook, with_kwargs=True)
         predicted.append(following.layer_idx)
     return predicted, left

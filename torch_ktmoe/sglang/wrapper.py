@@ -17,14 +17,12 @@ others are packed, into one :class:`torch_ktmoe.KTMoE` of ``E_cpu`` experts.
 The CPU forward runs on one worker thread; ``torch.ops.ktmoe.moe_forward``
 releases the GIL, so the caller's GPU work overlaps it.
 
-Next-layer prefetch (:mod:`torch_ktmoe.next_layer`). sglang's model keeps each layer's router on the GPU and
-hands a wrapper only its own layer's inputs, so the wrapper reads the next MoE layer's router from the
-checkpoint itself (``{block}.gate.weight`` / ``router.weight``, its bias and ``e_score_correction_bias`` under
-the next wrapper's layer), once, the first time that layer asks for it (``next_layer_prefetch``: ``"auto"``, the
-default, while its file-backed experts do not fit; ``True`` always, ``False`` never). Before running its experts, a wrapper applies it to the
-hidden state it was given and reads the predicted experts that the next wrapper holds on the CPU ahead (logical
-ids -> that wrapper's CPU slots; GPU experts are not read). The next layer is the live wrapper of the next
-higher ``layer_idx`` in the process.
+Next-layer prefetch (:mod:`torch_ktmoe.next_layer`, wired by :mod:`.next_layer`). Before running its experts, a
+wrapper applies the next MoE layer's router (read from the checkpoint, once) to the hidden state it was given and
+reads the predicted experts that the next wrapper of the same model holds on the CPU ahead (logical ids -> that
+wrapper's CPU slots; GPU experts are not read), while that layer asks for it (``next_layer_prefetch``: ``"auto"``,
+the default, while its file-backed experts do not fit; ``True`` always, ``False`` never). A failed prediction
+switches itself off for the layer with one warning; the forward never changes.
 """
 from __future__ import annotations
 
@@ -33,23 +31,25 @@ import hashlib
 import logging
 import os
 import re
-import json
 import threading
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
 import torch
 
 from .. import ops
-from ..checkpoint import (MOE_BLOCK_NAMES, SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint,
-                          exact_group_size, load_experts, make_ktmoe, reader_experts, utf8_path)
+from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, exact_group_size,
+                          load_experts, make_ktmoe, reader_experts, utf8_path)
 from ..layer import GGUF_FORMAT, KTMoE
-from ..next_layer import NextLayerPredictor
+from ..next_layer import NextLayerPredictor, warn_prefetch_off
 from ..ops import GATED_ACTIVATIONS
 from ..ops import activation_params as activation_params_of
-from .checkpoint import GPT_OSS_LAYOUT, LAYER_PREFIXES, check_weight_path, layer_biases, layer_experts
+from .checkpoint import (GPT_OSS_LAYOUT, check_weight_path, checkpoint_config, config_number, is_gpt_oss,
+                         layer_biases, layer_experts)
 from .gguf_dir import gguf_layer_experts
+from .next_layer import join_model, next_router, same_shape
 
 log = logging.getLogger("torch_ktmoe.sglang")
 
@@ -104,56 +104,6 @@ def _gpu_mask(num_experts: int, num_gpu_experts, gpu_experts_mask) -> torch.Tens
     return mask
 
 
-SCORE_FUNCTIONS = {  # config.json scoring_func -> the score a bias-corrected router adds its bias to
-    "sigmoid": torch.sigmoid,
-    "sqrtsoftplus": lambda logits: torch.nn.functional.softplus(logits).sqrt(),
-    "softmax": lambda logits: logits.softmax(-1),
-}
-
-
-def next_router(wrapper: "KTMoEWrapper") -> tuple:
-    """``(router module, "")`` for ``wrapper``'s layer from its checkpoint (``weight`` [E, H], ``bias`` or
-    ``e_score_correction_bias`` and the config's ``scoring_func`` where it has them; a bias-free weight packed for
-    ``ktmoe::linear``), or ``(None, why not)``."""
-    names = [f"{lp.format(L=wrapper.layer_idx)}.{block}.{r}" for lp in LAYER_PREFIXES for block in MOE_BLOCK_NAMES
-             for r in ("gate", "router")]
-    with SafetensorsCheckpoint(wrapper.weight_path) as ckpt:
-        name = next((n for n in names if f"{n}.weight" in ckpt), None)
-        if name is None:
-            return None, f"no router weight in {wrapper.weight_path} (tried {names[0]}.weight and the like)"
-        if f"{name}.tid2eid" in ckpt:
-            return None, f"{name} is hash-routed: its experts follow the token ids, not the hidden state"
-        weight = ckpt.get(f"{name}.weight")
-        if not weight.is_floating_point() or tuple(weight.shape) != (wrapper.num_experts, wrapper.hidden_size):
-            return None, (f"{name}.weight is {weight.dtype} {tuple(weight.shape)}, not [E={wrapper.num_experts}, "
-                          f"H={wrapper.hidden_size}] floating point")
-        bias = ckpt.get(f"{name}.bias") if f"{name}.bias" in ckpt else None
-        correction = (ckpt.get(f"{name}.e_score_correction_bias").float()
-                      if f"{name}.e_score_correction_bias" in ckpt else None)
-    router = torch.nn.Module()
-    if bias is None:  # logits through ktmoe::linear; the weight only gives the shape
-        router.register_buffer("ktmoe_w_packed", ops.pack_linear(weight.to(torch.bfloat16)))
-        router.weight = torch.nn.Parameter(torch.empty(weight.shape, device="meta"), requires_grad=False)
-    else:
-        router.weight = torch.nn.Parameter(weight.float(), requires_grad=False)
-        router.bias = torch.nn.Parameter(bias.float(), requires_grad=False)
-    if correction is not None:
-        router.register_buffer("e_score_correction_bias", correction)
-        scoring = _config(wrapper.weight_path).get("scoring_func", "sigmoid")
-        if scoring not in SCORE_FUNCTIONS:
-            return None, f"config.json scoring_func {scoring!r} is none of {sorted(SCORE_FUNCTIONS)}"
-        router.score_fn = SCORE_FUNCTIONS[scoring]
-    return router, ""
-
-
-def _config(path: str) -> dict:
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
 class KTMoEWrapper:
     """CPU experts of one sglang MoE layer (see the module docstring for the call sequence).
 
@@ -167,8 +117,9 @@ class KTMoEWrapper:
     ``--kt-mmap-experts-dir``; ``""``: anonymous memory; with a directory, the packed cache is reused across
     restarts); ``activation`` / ``activation_params`` the experts' gated activation, a row of
     ``ops.GATED_ACTIVATIONS`` (sglang 0.5.23's KT path passes none: then the checkpoint's, gpt-oss's clamped SwiGLU
-    ``"swiglu_oai"`` with its config's ``swiglu_alpha`` / ``swiglu_limit`` where config.json says ``model_type``
-    "gpt_oss", else ``"silu"``; a gpt-oss checkpoint's interleaved gate/up and expert biases are read too);
+    ``"swiglu_oai"`` with its config's ``swiglu_alpha`` / ``swiglu_limit`` for a gpt-oss checkpoint, else
+    ``"silu"``, decided at the load; a gpt-oss checkpoint's interleaved gate/up and expert biases are read too:
+    :func:`~torch_ktmoe.sglang.checkpoint.is_gpt_oss` recognises it from config.json or its tensors);
     ``next_layer_prefetch``
     (``"auto"`` default, ``True``, ``False``): KTMoE's, whether the previous layer's wrapper reads this layer's
     predicted experts ahead (module docstring). Threads come from ATen's pool (``torch.set_num_threads``). Other
@@ -180,7 +131,6 @@ class KTMoEWrapper:
     _buffer_cache: dict = {}  # (shape, dtype) -> pinned host tensor for device -> CPU copies
     _executor: Optional[ThreadPoolExecutor] = None
     _executor_lock = threading.Lock()
-    _by_layer: "weakref.WeakValueDictionary[int, KTMoEWrapper]" = weakref.WeakValueDictionary()  # next layer
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, num_gpu_experts: Optional[int] = None,
@@ -202,14 +152,15 @@ class KTMoEWrapper:
         self.hidden_size, self.intermediate_size = int(hidden_size), int(moe_intermediate_size)
         self.method, self.weight_format = method, weight_format_of(method)
         check_weight_path(weight_path)
-        config = _config(weight_path)
-        self.gpt_oss = config.get("model_type") == "gpt_oss"
-        # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: the checkpoint's)
-        if activation is None:
-            activation, activation_params = self._checkpoint_activation(config, activation_params)
-        self.activation = activation
-        self.activation_params = dict(zip(GATED_ACTIVATIONS[activation]["params"],
-                                          activation_params_of(activation, activation_params)))
+        self.weight_path = utf8_path(weight_path, "KTMoEWrapper: weight_path (--kt-weight-path)")
+        # the experts' gated activation (a row of ops.GATED_ACTIVATIONS; sglang 0.5.23 passes none: the checkpoint's,
+        # decided with the checkpoint's form at the load, _read_form)
+        self.gpt_oss: Optional[bool] = None  # None: not read yet
+        self.activation: Optional[str] = None
+        self.activation_params: Optional[dict] = None
+        self._given_activation_params = activation_params
+        if activation is not None:
+            self._set_activation(activation, activation_params)
         self.gpu_mask = _gpu_mask(self.num_experts, num_gpu_experts, gpu_experts_mask)
         self.cpu_physical = torch.nonzero(~self.gpu_mask).reshape(-1)  # CPU slot j holds physical expert cpu_physical[j]
         self.num_cpu_experts = int(self.cpu_physical.numel())
@@ -217,7 +168,6 @@ class KTMoEWrapper:
         table = torch.full((self.num_experts + 1,), -1, dtype=torch.int32)
         table[self.cpu_physical] = torch.arange(self.num_cpu_experts, dtype=torch.int32)
         self._id_table = table
-        self.weight_path = utf8_path(weight_path, "KTMoEWrapper: weight_path (--kt-weight-path)")
         mmap_dir = mmap_experts_dir if mmap_experts_dir is not None else os.environ.get(MMAP_DIR_ENV)
         # "": anonymous, whatever the env says
         self.mmap_experts_dir = utf8_path(mmap_dir, "KTMoEWrapper: mmap_experts_dir") if mmap_dir else None
@@ -227,18 +177,36 @@ class KTMoEWrapper:
         self._slot_of_logical: Optional[torch.Tensor] = None  # [E] int64: CPU slot of each logical expert, or -1
         self._predictor = None  # the next layer's NextLayerPredictor; None: not made yet, False: none
         self._following = None  # weakref to the next layer's wrapper, once found loaded
-        KTMoEWrapper._by_layer[self.layer_idx] = self
+        self._model = join_model(self)  # this model's wrappers, where the next layer is found
         log.info("KTMoEWrapper(layer %d): torch_ktmoe %s, %d of %d experts on CPU, %s", self.layer_idx,
                  self.weight_format, self.num_cpu_experts, self.num_experts,
                  f"file-backed in {self.mmap_experts_dir}" if self.mmap_experts_dir else "anonymous memory")
 
     # ---------------------------------------------------------------- loading
-    def _checkpoint_activation(self, config: dict, params: Optional[dict]) -> tuple[str, Optional[dict]]:
-        """gpt-oss's clamped SwiGLU with its config.json's constants (``params`` given win), else SiLU."""
-        if not self.gpt_oss:
-            return "silu", params
-        return "swiglu_oai", {"alpha": float(config.get("swiglu_alpha", 1.702)),
-                              "limit": float(config.get("swiglu_limit", 7.0)), **(params or {})}
+    def _set_activation(self, activation: str, params) -> None:
+        values = activation_params_of(activation, params)  # ValueError naming a bad name, parameter or value
+        self.activation = activation
+        self.activation_params = dict(zip(GATED_ACTIVATIONS[activation]["params"], values))
+
+    def _read_form(self, ckpt: Optional[SafetensorsCheckpoint]) -> None:
+        """Once, before the first load: whether the layer's experts are gpt-oss's (config.json, else the tensors of
+        ``ckpt``; a GGUF directory: config.json alone) and, unless one was given, the gated activation: gpt-oss's
+        clamped SwiGLU with its config.json's constants (``activation_params`` given win), else SiLU."""
+        if self.gpt_oss is not None:
+            return
+        config = checkpoint_config(self.weight_path)
+        gpt_oss = (is_gpt_oss(ckpt, self.layer_idx, config) if ckpt is not None
+                   else config.get("model_type") == "gpt_oss")
+        if self.activation is None:
+            given = self._given_activation_params
+            if not gpt_oss:
+                self._set_activation("silu", given)
+            else:
+                constants = {"alpha": config_number(self.weight_path, config, "swiglu_alpha", 1.702),
+                             "limit": config_number(self.weight_path, config, "swiglu_limit", 7.0)}
+                self._set_activation("swiglu_oai", {**constants, **given} if isinstance(given, Mapping) else
+                                     given if given is not None else constants)
+        self.gpt_oss = gpt_oss
 
     def _logical_ids(self, physical_to_logical_map) -> List[int]:
         """The logical (checkpoint) expert of each CPU slot; clear errors for a map that is not 1-D integer
@@ -289,6 +257,7 @@ class KTMoEWrapper:
         if self.weight_format == GGUF_FORMAT:
             return self._load_gguf(ids)
         with SafetensorsCheckpoint(self.weight_path) as ckpt, self._naming_bad_expert(ids, f"in {self.weight_path}"):
+            self._read_form(ckpt)
             reader = layer_experts(ckpt, self.layer_idx, self.hidden_size, self.intermediate_size,
                                    **({"layout": GPT_OSS_LAYOUT} if self.gpt_oss else {}))
             source = checkpoint_fingerprint(self.weight_path, f"sglang layer={self.layer_idx}")
@@ -303,6 +272,7 @@ class KTMoEWrapper:
     def _load_gguf(self, ids: List[int]) -> None:
         """LLAMAFILE: every expert of the layer where the GGUF holds it (a KTMoE of E, not E_cpu, experts); the
         physical ids of CPU slots map to their logical experts (``ids``), the GPU experts' to -1 (skipped)."""
+        self._read_form(None)
         experts = gguf_layer_experts(self.weight_path, self.layer_idx, self.hidden_size, self.intermediate_size,
                                      self.num_experts)
         (_, *shape), kwargs = self._ktmoe_args()
@@ -339,6 +309,11 @@ class KTMoEWrapper:
         else:
             raise ValueError(f"KTMoEWrapper(layer {self.layer_idx}): gate_proj has {n} experts; expected "
                              f"num_experts={self.num_experts} or the {self.num_cpu_experts} CPU experts")
+        if any(n.endswith(".safetensors") for n in os.listdir(self.weight_path)):
+            with SafetensorsCheckpoint(self.weight_path) as ckpt:
+                self._read_form(ckpt)
+        else:  # no tensors to recognise the form from: config.json's word
+            self._read_form(None)
         args, kwargs = self._ktmoe_args()
         moe = make_ktmoe(*args, **kwargs)
         with torch.no_grad(), self._naming_bad_expert(ids, "in the given tensors"):
@@ -438,16 +413,18 @@ class KTMoEWrapper:
             predictor = self._next_layer_predictor()
             if predictor is not None:
                 predictor(x)  # the next layer's likely experts, read ahead while these compute
+                if predictor.off is not None:  # it failed, warned and switched itself off
+                    self._predictor = False
             return self.moe(x, ids, weights)
 
     # ---------------------------------------------------------------- next-layer prefetch
     def _next_layer_predictor(self) -> Optional[NextLayerPredictor]:
-        """The next layer's predictor, made the first time that layer reads ahead (module docstring)."""
+        """The next layer's predictor, made the first time that layer reads ahead (module docstring); a router
+        that cannot be read switches prediction off for this layer with one warning."""
         if self._predictor is None:
             following = self._following() if self._following is not None else None
             if following is None:
-                following = min((w for i, w in list(KTMoEWrapper._by_layer.items()) if i > self.layer_idx),
-                                key=lambda w: w.layer_idx, default=None)
+                following = self._model.following(self.layer_idx)
                 if following is None or following.moe is None or following._slot_of_logical is None:
                     return None  # not loaded yet: asked again next forward
                 self._following = weakref.ref(following)
@@ -455,13 +432,20 @@ class KTMoEWrapper:
                 if following.moe.next_layer_prefetch_mode is False:
                     self._predictor = False
                 return None
-            router, reason = next_router(following)
-            if router is None:
+            try:
+                router, reason = next_router(following)
+                reason = reason or same_shape(self, following)
+            except Exception as e:  # noqa: BLE001 - an optimisation never fails the forward
+                warn_prefetch_off(self.layer_idx, following.layer_idx, e, stacklevel=2)
+                self._predictor = False
+                return None
+            if reason:
                 log.info("KTMoEWrapper(layer %d): no next-layer prefetch of layer %d: %s", self.layer_idx,
                          following.layer_idx, reason)
                 self._predictor = False
             else:
-                self._predictor = NextLayerPredictor(router, following.moe, id_map=following._slot_of_logical)
+                self._predictor = NextLayerPredictor(router, following.moe, id_map=following._slot_of_logical,
+                                                     layer_idx=self.layer_idx)
         return self._predictor or None
 
     @classmethod

@@ -43,7 +43,7 @@ def _safetensors_files(checkpoint: str) -> list[str]:
 def _header(path: str) -> dict:
     """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets), read through the
     checkpoint files' one opener (a FIFO is refused, never waited on)."""
-    from .checkpoint.files import open_regular, safetensors_header
+    from ..checkpoint.files import open_regular, safetensors_header
 
     try:
         with open_regular(path) as (fd, st):
@@ -67,7 +67,7 @@ def is_gguf(checkpoint: str) -> bool:
 
 def _gguf_layers(checkpoint: str):
     """The routed experts of each layer of a GGUF file (PackRefused naming what is wrong with it)."""
-    from .checkpoint.gguf import GGUFError, expert_layers, open_gguf
+    from ..checkpoint.gguf import GGUFError, expert_layers, open_gguf
 
     try:
         layers = expert_layers(open_gguf(checkpoint))
@@ -100,7 +100,7 @@ def least_packed_bytes(checkpoint: str, weight_format: str) -> int:
     """A lower bound of the disk space the cache files of ``checkpoint`` take in ``weight_format``:
     per layer, its expert weights at the format's code bits, each of its two packed tensors
     (gate/up and down) rounded up to the 2 MiB alignment of a cache file."""
-    from .ops import FORMAT_TRAITS
+    from ..ops import FORMAT_TRAITS
 
     bits = FORMAT_TRAITS[weight_format]["code_bits"]
     total = 0
@@ -129,7 +129,7 @@ def _existing_parent(directory: str) -> str:
 
 
 def _utf8(path: str, what: str) -> str:
-    from .paths import utf8_path
+    from ..paths import utf8_path
 
     try:
         return utf8_path(path, what)
@@ -139,9 +139,9 @@ def _utf8(path: str, what: str) -> str:
 
 def check(checkpoint: str, directory: str, weight_format: str, group_size: int) -> None:
     """Raises PackRefused with the first reason pack cannot start; reads no weight, creates nothing."""
-    from . import _C
-    from .hf.packed_manifest import is_packed_dir
-    from .ops import FORMAT_TRAITS
+    from .. import _C
+    from ..hf.packed_manifest import is_packed_dir
+    from ..ops import FORMAT_TRAITS
 
     if not directory:
         raise PackRefused("DIR is empty: name the directory to keep the packed experts in")
@@ -175,7 +175,7 @@ def check(checkpoint: str, directory: str, weight_format: str, group_size: int) 
 def _replaced_bytes(directory: str) -> int:
     """Disk space the cache files already in ``directory`` give back as pack replaces them one by one
     (all but the largest: a file is replaced only once its successor is written)."""
-    from .cache import CACHE_SUFFIX
+    from ..cache import CACHE_SUFFIX
 
     if not os.path.isdir(directory):
         return 0
@@ -196,7 +196,7 @@ def resolve(checkpoint: str) -> str:
     """The local checkpoint directory or GGUF file (a hub id is downloaded)."""
     if os.path.isdir(checkpoint) or is_gguf(checkpoint):
         return checkpoint
-    from .hf.streaming import _resolve_dir
+    from ..hf.streaming import _resolve_dir
 
     try:
         path = _resolve_dir(checkpoint)
@@ -211,8 +211,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def pack(args) -> int:
-    from . import KTMoE, hf
-    from .cache import inspect_dir
+    from .. import KTMoE, hf
+    from ..cache import inspect_dir
 
     try:
         check(args.checkpoint, args.dir, args.format, args.group_size)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from . import ops
-from .checkpoint.gguf import GGUFError, expert_layers, open_gguf
+from .. import ops
+from ..checkpoint.gguf import GGUFError, expert_layers, open_gguf
 
 
 def _type(ggml_type: int) -> str:
