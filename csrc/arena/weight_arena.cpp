@@ -168,8 +168,9 @@ void* WeightArena::map_slice(int64_t n, std::string* error) {
 
 void* WeightArena::alloc_anonymous(int64_t n) {
   anon_.reserve(anon_.size() + 1);  // the push below cannot throw and leak the memory
-  // from 2 MiB up its own mapping, on huge pages; the heap when that is off or mmap fails
-  void* p = options_.hugepage && n >= kHugePageBytes ? map_huge_pages(n) : nullptr;
+  // from 2 MiB up its own mapping, on huge pages unless they are off (its own either way: a heap range may carry
+  // the advice of whatever held it before); below that, or when mmap fails, the heap
+  void* p = n >= kHugePageBytes ? map_huge_pages(n, options_.hugepage) : nullptr;
   const int64_t mapped = p ? n : 0;
   if (!p) p = std::aligned_alloc(kAnonAlign, static_cast<size_t>(round_up_to(n, kAnonAlign)));
   if (!p) throw std::bad_alloc();

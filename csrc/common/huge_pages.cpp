@@ -11,7 +11,7 @@ uintptr_t page_rounded(int64_t bytes) { return (uintptr_t(bytes) + 4095) & ~uint
 
 }  // namespace
 
-void* map_huge_pages(int64_t bytes) {
+void* map_huge_pages(int64_t bytes, bool advise) {
   const uintptr_t huge = uintptr_t(kHugePageBytes), size = page_rounded(bytes);
   void* reserve = ::mmap(nullptr, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (reserve == MAP_FAILED) return nullptr;
@@ -19,7 +19,7 @@ void* map_huge_pages(int64_t bytes) {
   if (start > base) ::munmap(reserve, start - base);
   ::munmap(reinterpret_cast<void*>(start + size), base + huge - start);  // the tail: start - base < huge
   const uintptr_t whole = uintptr_t(bytes) & ~(huge - 1);
-  if (whole > 0) ::madvise(reinterpret_cast<void*>(start), whole, MADV_HUGEPAGE);
+  if (advise && whole > 0) ::madvise(reinterpret_cast<void*>(start), whole, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(start);
 }
 

@@ -14,10 +14,11 @@ namespace ktmoe {
 
 constexpr int64_t kHugePageBytes = int64_t(2) << 20;
 
-// `bytes` (> 0) of zeroed memory at a 2 MiB-aligned address, its whole 2 MiB pages advised as huge
-// pages (best effort: a kernel without THP still maps it); nullptr when mmap fails. Free with
-// unmap_huge_pages(p, bytes).
-void* map_huge_pages(int64_t bytes);
+// `bytes` (> 0) of zeroed memory at a 2 MiB-aligned address in a mapping of its own, its whole 2 MiB pages
+// advised as huge pages when `advise` (best effort: a kernel without THP still maps it); nullptr when mmap
+// fails. Free with unmap_huge_pages(p, bytes). Without the advice the mapping still is its own: no advice
+// another allocation left on a heap range applies to it.
+void* map_huge_pages(int64_t bytes, bool advise = true);
 void unmap_huge_pages(void* p, int64_t bytes);
 
 }  // namespace ktmoe
