@@ -25,13 +25,10 @@ namespace {
 using namespace ggml_codes;
 
 constexpr int kRows = 4;  // activation rows per pass over a weight row
-#ifndef KTMOE_GGML_AHEAD
-#define KTMOE_GGML_AHEAD 4096
-#endif
-#ifndef KTMOE_GGML_HINT
-#define KTMOE_GGML_HINT _MM_HINT_T1
-#endif
-constexpr int kAhead = KTMOE_GGML_AHEAD;
+// Bytes of the weight stream prefetched ahead, into L2: cold m = 1 rows of 2048 (1536 x 2048, one thread)
+// read 8.0 GB/s of q4_K without, 9.5 / 11.1 / 12.2 / 12.0 GB/s 1 / 2 / 4 / 8 KiB ahead (into L1 2 KiB
+// ahead: 7.5); hot in L2 13.7 (one run each, on a shared 2-core host).
+constexpr int kAhead = 4096;
 
 // Per-thread scratch: fp32 activation rows, their group sums.
 struct CallScratch {
@@ -49,8 +46,7 @@ void row_dot(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, const fl
       if (T::kGsum) rows.gs[r] = gs + r * ldg + b * T::kGsum;
     }
     const uint8_t* blk = w + b * T::kBytes;
-    if (kAhead)
-      for (int off = 0; off < T::kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + off), KTMOE_GGML_HINT);
+    for (int off = 0; off < T::kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + off), _MM_HINT_T1);
     T::template block<decltype(c0)::value>(blk, rows);
   };
   int64_t b = 0;
