@@ -1,11 +1,11 @@
 // [NOTE] avx2 gemm_ggml: a GGML matrix where it lies (isa_kernels.h's contract).
 //
-// q8_0, q4_K, q6_K and iq4_xs run code kernels: per call the activation rows are widened to fp32 once
-// (and, for q4_K, each 32-group's Σ x summed in a fixed order); per weight row and block the type
+// q8_0, q4_K, q5_K, q6_K and iq4_xs run code kernels: per call the activation rows are widened to fp32
+// once (and, for q4_K / q5_K, each 32-group's Σ x summed in a fixed order); per weight row and block the type
 // gives its codes as int8 and its group scales (ggml_codes_avx2.h), then for each group g and
 // activation row r (8 fp32 lanes, vpmovsxbd + vcvtdq2ps per 8 codes)
 //     t = Σ_{lanes of g} x·q   (a multiply, then FMAs),     acc_r = fma(s_g, t, acc_r)
-// on one of kChains accumulator chains, q4_K's mins as corr_r = fma(m, Σ_g x, corr_r) over its 8
+// on one of kChains accumulator chains, q4_K's / q5_K's mins as corr_r = fma(m, Σ_g x, corr_r) over its 8
 // sub-blocks, and c[r][i] = (sum of the chains' lanes) − (sum of corr_r's lanes). A unit activation row
 // reads back gguf's weight exactly (t = q, fma(s_g, q, 0) = round(s_g·q), corr = m_g, every other
 // product an exact zero); random rows give fp32 sums. Weight rows are the outer loop, activation rows
@@ -88,7 +88,7 @@ void gemm_codes(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const
   const int64_t nb = k / T::kElems, ldg = nb * T::kGsum;
   float* x = static_cast<float*>(thread_scratch(size_t(m * (k + ldg)) * 4));
   bf16_rows_to_f32(a, lda, m, k, x);
-  float* gs = x + m * k;  // Σ x of each 32-group (q4_K's sub-blocks), in k order
+  float* gs = x + m * k;  // Σ x of each 32-group (the k-quants' sub-blocks with mins), in k order
   for (int64_t r = 0; r < m && T::kGsum; ++r)
     for (int64_t g = 0; g < k / 32; ++g) {
       const float* xg = x + r * k + 32 * g;
@@ -147,6 +147,7 @@ void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, 
   switch (type.id) {
     case GgmlType::kQ8_0: return gemm_codes<Q8_0>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kQ4_K: return gemm_codes<Q4_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
+    case GgmlType::kQ5_K: return gemm_codes<Q5_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kQ6_K: return gemm_codes<Q6_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kIQ4_XS: return gemm_codes<IQ4_XS>(w, row_bytes, n, k, a, lda, m, c, ldc);
     default: return gemm_decoded_rows(type, w, row_bytes, n, k, a, lda, m, c, ldc);

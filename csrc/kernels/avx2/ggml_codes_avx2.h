@@ -1,14 +1,14 @@
-// [NOTE] avx2 GGML code kernels: a block of a type with a kernel of its own (q8_0, q4_K, q6_K,
+// [NOTE] avx2 GGML code kernels: a block of a type with a kernel of its own (q8_0, q4_K, q5_K, q6_K,
 // iq4_xs) as int8 codes and fp32 group scales, for gemm_ggml_avx2.cpp's dots.
 //
 // A block's weights are  W = s_g · q − m_g  per group g (16 or 32 weights): q the exact small integer
-// code (q4_K's nibble, q6_K's 6 bits − 32, q8_0's byte, iq4_xs's level), s_g and m_g fp32 values gguf's
-// formula rounds once each (q4_K: d·sc_j and dmin·m_j; q6_K: d·sc_g; q8_0: d; iq4_xs: d·(ls_j − 32)).
+// code (q4_K's nibble, q5_K's 5 bits, q6_K's 6 bits − 32, q8_0's byte, iq4_xs's level), s_g and m_g fp32
+// values gguf's formula rounds once each (q4_K / q5_K: d·sc_j and dmin·m_j; q6_K: d·sc_g; q8_0: d; iq4_xs: d·(ls_j − 32)).
 // Each type gives, per block:
 //   codes(b, buf)      its kElems codes as int8 in element order: q8_0's own bytes, the others built
 //                      32 at a time with byte ops (nibble masks, 16-bit shifts of qh, vpshufb over the
 //                      iq4 levels) into the L1 buffer buf;
-//   scales(b, s)       s[g] = s_g for its kElems / kGroup groups, and (q4_K) the 8 mins m_g as lanes;
+//   scales(b, s)       s[g] = s_g for its kElems / kGroup groups, and (q4_K, q5_K) the 8 mins m_g as lanes;
 // the fp16 scales widened by F16C's vcvtph2ps (exact, fp16 subnormals included). gemm_ggml_avx2.cpp
 // widens 8 codes at a time to fp32 (vpmovsxbd, vcvtdq2ps) and sums t = Σ_group x·q, acc = fma(s_g, t, acc).
 #pragma once
@@ -74,6 +74,27 @@ struct Q4_K {
     _mm256_store_ps(s, _mm256_mul_ps(u8x8_f32(sc), f16_all(b)));
     return _mm256_mul_ps(u8x8_f32(m), f16_all(b + 2));
   }
+};
+
+// q5_K: q4_K's d, dmin and scales, then 32 bytes qh and 128 bytes of nibbles: sub-block j = 2c + s is
+// nibble s of qs[32c + l] | bit j of qh[l] << 4 (0..31), l < 32.
+struct Q5_K {
+  static constexpr int kElems = 256, kBytes = 176, kGroup = 32, kGsum = Q4_K::kGsum;
+  static const int8_t* codes(const uint8_t* b, int8_t* buf) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = load32(b + 16);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load32(b + 48 + 32 * c);
+      // bit j of each qh byte at bit 4 (16-bit shifts: what crosses bytes is masked off), j = 2c, 2c + 1
+      const __m256i top0 = c < 2 ? _mm256_slli_epi16(qh, 4 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 4);
+      const __m256i top1 = c < 2 ? _mm256_slli_epi16(qh, 3 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 3);
+      store32(buf + 64 * c, _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(top0, bit4)));
+      store32(buf + 64 * c + 32,
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), _mm256_and_si256(top1, bit4)));
+    }
+    return buf;
+  }
+  static __m256 scales(const uint8_t* b, float* s) { return Q4_K::scales(b, s); }
 };
 
 // q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, d (fp16). Element 128 h + 64 s + l (l < 64) is

@@ -1,6 +1,6 @@
 // [NOTE] avx512 gemm_ggml: a GGML matrix where it lies (isa_kernels.h's contract).
 //
-// q8_0, q4_K, q6_K and iq4_xs (Q8_0's, Q4_K_M's and IQ4_XS's types) run code kernels
+// q8_0, q4_K, q5_K, q6_K and iq4_xs (the types of Q8_0, Q4_K_M, Q5_K_M, IQ4_XS) run code kernels
 // (ggml_codes_avx512.h: the codes widened to exact fp32 lanes in registers, the group scales applied
 // per group, the mins against the call's group sums); per call the activation rows are widened to
 // fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order). Weight
@@ -131,6 +131,7 @@ void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, 
   switch (type.id) {
     case GgmlType::kQ8_0: return gemm_codes<Q8_0>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kQ4_K: return gemm_codes<Q4_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
+    case GgmlType::kQ5_K: return gemm_codes<Q5_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kQ6_K: return gemm_codes<Q6_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
     case GgmlType::kIQ4_XS: return gemm_codes<IQ4_XS>(w, row_bytes, n, k, a, lda, m, c, ldc);
     default: return gemm_decoded_rows(type, w, row_bytes, n, k, a, lda, m, c, ldc);

@@ -2,13 +2,14 @@
 // types with a kernel of their own (gemm_ggml_avx512.cpp calls them; the rest decode rows).
 //
 // A block's weights are  W = s_g · q − m_g  per group g (16 or 32 weights): q the exact small integer
-// code, s_g and m_g fp32 values gguf's formula rounds once each (q4_K: d·sc_j, dmin·m_j; q6_K: d·sc_g;
+// code, s_g and m_g fp32 values gguf's formula rounds once each (q4_K / q5_K: d·sc_j, dmin·m_j; q6_K: d·sc_g;
 // q8_0: d; iq4_xs: d·(ls_j − 32), q a level). The codes become exact fp32 lanes in registers, 16 at a
 // time, by the cheapest exact route this CPU has (fp32 FMA issues twice a cycle here, vdpbf16ps
 // about once every two, and blocks the shuffle port half that time: bf16 dot products lose):
 //   * a nibble: vpermps over a 16-entry fp32 table (the index is the lane's low 4 bits, so the low
 //     nibble of a zero-extended byte needs no mask): iq4_xs's levels, q4_K's low nibbles (0..15);
 //     a high nibble: byte >> 4 then vcvtdq2ps (q4_K; one shuffle-port op fewer) or the table (iq4_xs);
+//   * q5_K: the nibble with qh's bit shifted to bit 4 (one bit select), vpermt2ps over 0..31;
 //   * q6_K: ql's nibble | qh's 2 bits << 4, minus 32, built 64 codes at a time in int8 lanes (16-bit
 //     variable shifts, one bit select), kept in an L1 buffer, then vpmovsxbd + vcvtdq2ps;
 //   * q8_0: vpmovsxbd + vcvtdq2ps.
@@ -16,7 +17,7 @@
 // overlaps), with x the activations as fp32:
 //   32-weight groups   t = x0·q0 + x1·q1 (a multiply, an FMA), acc = fma(s_g, t, acc);
 //   16-weight groups   acc = fma(x, s_g · q, acc)   (s_g · q is gguf's weight itself);
-//   mins (q4_K)        corr = fma(m_g, Σ_g x, corr)  (8 lanes, Σ_g x from the call's group sums);
+//   mins (q4_K, q5_K)  corr = fma(m_g, Σ_g x, corr)  (8 lanes, Σ_g x from the call's group sums);
 //   the row            c = (sum of the chains' lanes) − (sum of corr's lanes).
 // A unit activation row therefore reads back gguf's weight exactly: t = q exactly, fma(s_g, q, 0) is
 // round(s_g · q), every other product is an exact zero, and corr = m_g: round(round(s_g·q) − m_g).
@@ -166,6 +167,40 @@ struct Q4_K {
       rows.template group32<C0 + 2 * c + 1>(_mm512_set1_ps(sm[4 * c + 2]), 64 * c + 32,
                                             _mm512_cvtepi32_ps(_mm512_srli_epi32(z0, 4)),
                                             _mm512_cvtepi32_ps(_mm512_srli_epi32(z1, 4)));
+    });
+  }
+};
+
+// q5_K: q4_K's d, dmin and scales, then 32 bytes qh and 128 bytes of nibbles: sub-block j = 2c + s is
+// nibble s of qs[32c + l] | bit j of qh[l] << 4 (0..31), l < 32.
+struct Q5_K {
+  static constexpr int kElems = 256, kBytes = 176, kGsum = Q4_K::kGsum;
+
+  template <int C0, int R>
+  static inline void block(const uint8_t* b, Rows<R>& rows) {
+    alignas(64) float sm[16];
+    const __m512 v = Q4_K::scales_mins(b);
+    _mm512_store_ps(sm, v);
+    in_memory(sm);
+    rows.mins(v, 0xAAAA);
+    // 0..31 over two 16-entry halves: vpermt2ps reads the index's low 5 bits (nibble, then qh's bit at 4)
+    const __m512 lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 hi = _mm512_add_ps(lo, _mm512_set1_ps(16));
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    const __m512i h[2] = {u8x16(b + 16), u8x16(b + 32)};  // qh[l], l < 16 and l >= 16
+    unrolled<8>([&](auto j) {
+      // bit j of qh at bit 4 (the bits shifted in above it are ignored by vpermt2ps)
+      auto top = [&](int half) {
+        if constexpr (j < 4) return _mm512_slli_epi32(h[half], 4 - j);
+        else return _mm512_srli_epi32(h[half], j - 4);
+      };
+      auto codes = [&](int half) {
+        const __m512i z = u8x16(b + 48 + 32 * (j / 2) + 16 * half);
+        const __m512i nib = j % 2 ? _mm512_srli_epi32(z, 4) : z;
+        // low4 ? nibble : top
+        return _mm512_permutex2var_ps(lo, _mm512_ternarylogic_epi32(low4, nib, top(half), 0xCA), hi);
+      };
+      rows.template group32<C0 + j>(_mm512_set1_ps(sm[2 * j]), 32 * j, codes(0), codes(1));
     });
   }
 };
