@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/ggml/ggml_types.h"
+
 namespace ktmoe {
 namespace avx2 {
 namespace ggml_codes {
@@ -41,6 +43,7 @@ inline void store32(int8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<
 
 // q8_0: d (fp16), 32 int8 codes.
 struct Q8_0 {
+  static constexpr GgmlType kType = GgmlType::kQ8_0;
   static constexpr int kElems = 32, kBytes = 34, kGroup = 32, kGsum = 0;
   static const int8_t* codes(const uint8_t* b, int8_t*) { return reinterpret_cast<const int8_t*>(b + 2); }
   static __m256 scales(const uint8_t* b, float* s) {
@@ -52,6 +55,7 @@ struct Q8_0 {
 // q4_K: d, dmin (fp16), 12 bytes of 6-bit scales / mins, 128 bytes of nibbles: sub-block j = 2c + s
 // is nibble s of qs[32c + l], l < 32. kGsum: the 8 sub-blocks' Σ x per block.
 struct Q4_K {
+  static constexpr GgmlType kType = GgmlType::kQ4_K;
   static constexpr int kElems = 256, kBytes = 144, kGroup = 32, kGsum = 8;
   static const int8_t* codes(const uint8_t* b, int8_t* buf) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -79,6 +83,7 @@ struct Q4_K {
 // q5_K: q4_K's d, dmin and scales, then 32 bytes qh and 128 bytes of nibbles: sub-block j = 2c + s is
 // nibble s of qs[32c + l] | bit j of qh[l] << 4 (0..31), l < 32.
 struct Q5_K {
+  static constexpr GgmlType kType = GgmlType::kQ5_K;
   static constexpr int kElems = 256, kBytes = 176, kGroup = 32, kGsum = Q4_K::kGsum;
   static const int8_t* codes(const uint8_t* b, int8_t* buf) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
@@ -101,6 +106,7 @@ struct Q5_K {
 // nibble s of ql[64 h + l] | bits 2t..2t+1 of qh[32 h + l % 32] << 4 (t = 2 s + l / 32), minus 32;
 // group e / 16 has the scale d · scales[e / 16].
 struct Q6_K {
+  static constexpr GgmlType kType = GgmlType::kQ6_K;
   static constexpr int kElems = 256, kBytes = 210, kGroup = 16, kGsum = 0;
   static const int8_t* codes(const uint8_t* b, int8_t* buf) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
@@ -131,6 +137,7 @@ struct Q6_K {
 // weights) has the low nibbles of qs[16j .. 16j + 15] then their high nibbles, levels kIQ4Levels, and
 // the scale d · (ls_j - 32), ls_j = (scales_l[j / 2] >> 4 (j % 2)) & 15 | ((scales_h >> 2j) & 3) << 4.
 struct IQ4_XS {
+  static constexpr GgmlType kType = GgmlType::kIQ4_XS;
   static constexpr int kElems = 256, kBytes = 136, kGroup = 32, kGsum = 0;
   static const int8_t* codes(const uint8_t* b, int8_t* buf) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);

@@ -16,6 +16,7 @@
 
 #include "kernels/avx512/avx512_common.h"
 #include "kernels/avx512/ggml_codes_avx512.h"
+#include "kernels/ggml/ggml_code_kernels.h"
 #include "kernels/isa_kernels.h"
 
 namespace ktmoe {
@@ -128,14 +129,9 @@ void gemm_decoded_rows(const GgmlTypeTraits& type, const uint8_t* w, int64_t row
 
 void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
                const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc) {
-  switch (type.id) {
-    case GgmlType::kQ8_0: return gemm_codes<Q8_0>(w, row_bytes, n, k, a, lda, m, c, ldc);
-    case GgmlType::kQ4_K: return gemm_codes<Q4_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
-    case GgmlType::kQ5_K: return gemm_codes<Q5_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
-    case GgmlType::kQ6_K: return gemm_codes<Q6_K>(w, row_bytes, n, k, a, lda, m, c, ldc);
-    case GgmlType::kIQ4_XS: return gemm_codes<IQ4_XS>(w, row_bytes, n, k, a, lda, m, c, ldc);
-    default: return gemm_decoded_rows(type, w, row_bytes, n, k, a, lda, m, c, ldc);
-  }
+  ggml::with_code_kernel<Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS>(
+      type.id, [&](auto t) { gemm_codes<decltype(t)>(w, row_bytes, n, k, a, lda, m, c, ldc); },
+      [&] { gemm_decoded_rows(type, w, row_bytes, n, k, a, lda, m, c, ldc); });
 }
 
 }  // namespace avx512

@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "kernels/avx512/avx512_common.h"
+#include "kernels/ggml/ggml_types.h"
 
 namespace ktmoe {
 namespace avx512 {
@@ -118,6 +119,7 @@ struct Rows {
 
 // q8_0: d (fp16), 32 int8 codes.
 struct Q8_0 {
+  static constexpr GgmlType kType = GgmlType::kQ8_0;
   static constexpr int kElems = 32, kBytes = 34, kGsum = 0;
   template <int C0, int R>
   static inline void block(const uint8_t* b, Rows<R>& rows) {
@@ -129,6 +131,7 @@ struct Q8_0 {
 // q4_K: d, dmin (fp16), 12 bytes of 6-bit scales / mins, 128 bytes of nibbles: sub-block j = 2c + s
 // is nibble s of qs[32c + l], l < 32.
 struct Q4_K {
+  static constexpr GgmlType kType = GgmlType::kQ4_K;
   static constexpr int kElems = 256, kBytes = 144, kGsum = 16;  // gs_j at lanes 2j and 2j + 1
 
   // [d·sc_0, dmin·m_0, d·sc_1, dmin·m_1, ...] (ggml's get_scale_min_k4 in 16 lanes).
@@ -174,6 +177,7 @@ struct Q4_K {
 // q5_K: q4_K's d, dmin and scales, then 32 bytes qh and 128 bytes of nibbles: sub-block j = 2c + s is
 // nibble s of qs[32c + l] | bit j of qh[l] << 4 (0..31), l < 32.
 struct Q5_K {
+  static constexpr GgmlType kType = GgmlType::kQ5_K;
   static constexpr int kElems = 256, kBytes = 176, kGsum = Q4_K::kGsum;
 
   template <int C0, int R>
@@ -209,6 +213,7 @@ struct Q5_K {
 // nibble s of ql[64 h + l] | bits 2t..2t+1 of qh[32 h + l % 32] << 4 (t = 2 s + l / 32), minus 32;
 // group e / 16 has the scale d · scales[e / 16].
 struct Q6_K {
+  static constexpr GgmlType kType = GgmlType::kQ6_K;
   static constexpr int kElems = 256, kBytes = 210, kGsum = 0;
 
   // The block's 256 codes q - 32 as int8, in element order.
@@ -251,6 +256,7 @@ struct Q6_K {
 // weights) has the low nibbles of qs[16j .. 16j + 15] then their high nibbles, levels kIQ4Levels, and
 // the scale d · (ls_j - 32), ls_j = (scales_l[j / 2] >> 4 (j % 2)) & 15 | ((scales_h >> 2j) & 3) << 4.
 struct IQ4_XS {
+  static constexpr GgmlType kType = GgmlType::kIQ4_XS;
   static constexpr int kElems = 256, kBytes = 136, kGsum = 0;
 
   static inline __m512 scales(const uint8_t* b) {  // lanes 0-7: d · (ls_j - 32)
