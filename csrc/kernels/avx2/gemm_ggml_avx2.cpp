@@ -8,9 +8,9 @@
 // on one of kChains accumulator chains, q4_K's / q5_K's mins as corr_r = fma(m, Σ_g x, corr_r) over its 8
 // sub-blocks, and c[r][i] = (sum of the chains' lanes) − (sum of corr_r's lanes). A unit activation row
 // reads back gguf's weight exactly (t = q, fma(s_g, q, 0) = round(s_g·q), corr = m_g, every other
-// product an exact zero); random rows give fp32 sums. Weight rows are the outer loop, activation rows
-// inner in passes of up to kRows (each block's codes built once per pass), and every row sees the same
-// operations whatever shares its pass. Other types decode each weight row exactly (the type's
+// product an exact zero); random rows give fp32 sums. Activation rows go in passes of up to kRows over
+// all weight rows (each block's codes built once per pass), and every row sees the same operations
+// whatever shares its pass. Other types decode each weight row exactly (the type's
 // decoder) into a thread-local fp32 row and dot it with every activation row: 8 lanes, two
 // accumulators over k in steps of 16, a scalar tail for plain types whose k is no multiple of 8. The
 // same bits for any split of n or m.
@@ -97,10 +97,10 @@ void gemm_codes(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const
                                            _mm256_add_ps(_mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24))));
     }
   float out[kRows];
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* row = w + i * row_bytes;
-    for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-      const int rows = int(std::min<int64_t>(kRows, m - r0));
+  for (int64_t r0 = 0; r0 < m; r0 += kRows) {  // a pass's activations stay in L1
+    const int rows = int(std::min<int64_t>(kRows, m - r0));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* row = w + i * row_bytes;
       if (rows == 1) row_dot<T, 1>(row, nb, x + r0 * k, k, gs + r0 * ldg, ldg, out);
       else row_dot<T, 2>(row, nb, x + r0 * k, k, gs + r0 * ldg, ldg, out);
       for (int r = 0; r < rows; ++r) c[(r0 + r) * ldc + i] = out[r];

@@ -3,9 +3,9 @@
 // q8_0, q4_K, q5_K, q6_K and iq4_xs (the types of Q8_0, Q4_K_M, Q5_K_M, IQ4_XS) run code kernels
 // (ggml_codes_avx512.h: the codes widened to exact fp32 lanes in registers, the group scales applied
 // per group, the mins against the call's group sums); per call the activation rows are widened to
-// fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order). Weight
-// rows are the outer loop, activation rows inner in passes of up to kRows, so a weight row's bytes
-// are read from memory once and each block's codes are widened once per pass. Other types decode
+// fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order). Activation
+// rows go in passes of up to kRows over all weight rows (decode, m <= kRows: one pass, each weight byte
+// read once), each block's codes widened once per pass, the pass's activations kept in L1. Other types decode
 // each weight row exactly (the type's decoder, kernels/ggml/ggml_decode.cpp) into an fp32 row and dot
 // it with every activation row. Output (r, i) depends only on rows r and i: the same bits for any
 // split of n or m.
@@ -75,12 +75,12 @@ void gemm_codes(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const
       }
   }
   float out[kRows];
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* row = w + i * row_bytes;
-    for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-      const float* xr = x + r0 * k;
-      const float* gr = gs ? gs + r0 * ldg : nullptr;
-      const int rows = int(std::min<int64_t>(kRows, m - r0));
+  for (int64_t r0 = 0; r0 < m; r0 += kRows) {  // a pass's activations (4 rows of k fp32) stay in L1
+    const float* xr = x + r0 * k;
+    const float* gr = gs ? gs + r0 * ldg : nullptr;
+    const int rows = int(std::min<int64_t>(kRows, m - r0));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* row = w + i * row_bytes;
       switch (rows) {
         case 1: row_dot<T, 1>(row, nb, xr, k, gr, ldg, out); break;
         case 2: row_dot<T, 2>(row, nb, xr, k, gr, ldg, out); break;
