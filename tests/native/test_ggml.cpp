@@ -13,6 +13,7 @@
 // four 16-bit words at bytes 48..55).
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "check.h"
@@ -38,10 +39,15 @@ const GgmlCase kCases[] = {
     {GgmlType::kIQ1_S, {0}},     {GgmlType::kIQ1_M, {}},
 };
 
+// fp16 scale bit patterns the first blocks take (each field its own, in turn): +-0, the smallest and largest
+// subnormals, the smallest normal, 1, 65504 (widened exactly by every kernel: F16C, not a flush to zero).
+const uint16_t kF16Edges[] = {0x0000, 0x8000, 0x0001, 0x83FF, 0x0400, 0x3C00, 0x7BFF};
+
 uint16_t sane_f16(Rng& rng) { return f32_to_f16_rne(float(0.001 + 0.019 * rng.uniform())); }
 
-// n rows of k weights of `c`'s type: random bytes, sane scales (mxfp4: exponents 119..123; plain types:
-// small normal values), starting `skew` bytes into the buffer.
+// n rows of k weights of `c`'s type: random bytes, sane scales (the first blocks' fp16 fields kF16Edges,
+// the rest small normal values; mxfp4: exponents 119..123; plain types: small normal values), starting
+// `skew` bytes into the buffer.
 std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int64_t n, int64_t k, int skew, Rng& rng) {
   const int64_t blocks = n * (k / t.block_elems), bytes = blocks * t.block_bytes;
   std::vector<uint8_t> buf(size_t(bytes + skew));
@@ -49,8 +55,10 @@ std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int
   for (int64_t i = 0; i < bytes; ++i) p[i] = uint8_t(rng.next());
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* blk = p + b * t.block_bytes;
-    for (int off : c.f16_fields) {
-      const uint16_t h = sane_f16(rng);
+    for (size_t f = 0; f < c.f16_fields.size(); ++f) {
+      const int off = c.f16_fields[f];
+      const size_t edge = size_t(b) * c.f16_fields.size() + f;
+      const uint16_t h = edge < std::size(kF16Edges) ? kF16Edges[edge] : sane_f16(rng);
       std::memcpy(blk + off, &h, 2);
     }
     if (c.type == GgmlType::kMXFP4) blk[0] = uint8_t(119 + rng.below(5));

@@ -9,7 +9,8 @@
 //                          the tile loops of gemm_decoded_avx512.h
 //   gemm_nibble_int16_avx512.cpp  kMXFP4 (generic's bits) and kINT4A by int16 activations and
 //                          vpdpwssd: not in this table; the amx table's decode rows (kernels_amx.cpp)
-//   gemm_ggml_avx512.cpp   GGML rows where they lie: each row decoded exactly, then fp32 dots
+//   gemm_ggml_avx512.cpp   GGML rows where they lie: q8_0 / q4_K / q6_K / iq4_xs on their codes
+//                          (ggml_codes_avx512.h), other types each row decoded exactly, then fp32 dots
 //   elementwise_avx512.cpp gated_act, quantize_rows, to_bf16, f16_to_f32, f32_to_f16
 // Compiled with the AVX-512 flags; call only when cpu_features().avx512.
 #include "kernels/isa_kernels.h"
