@@ -440,27 +440,23 @@ class KTMoE(nn.Module):
     def _forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  prefetch: bool) -> torch.Tensor:
         buffers = self._buffers  # direct: nn.Module.__getattr__ costs a few us per buffer
-        w13 = buffers["w13_0"]
-        if self.gguf is not None:
-            shape = hidden_states.shape
-            x = hidden_states.reshape(-1, self.hidden_size)
-            ids = topk_ids.reshape(x.shape[0], -1)
-            out = self.gguf.forward(x, ids, topk_weights.reshape(x.shape[0], -1), buffers["b13_0"], buffers["b2_0"],
-                                    *self._activation_args, prefetch)
-            return out.reshape(shape)
-        if w13.numel() == 0:
-            raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() (load_gguf() for "
-                               "weight_format='gguf') before forward()")
-        plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
-        if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
-            # decode's common case: nothing to reshape, straight to the op (it checks the rest)
-            return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
+        w13, gguf = buffers["w13_0"], self.gguf
+        if gguf is None:
+            if w13.numel() == 0:
+                raise RuntimeError(f"KTMoE(layer {self.layer_idx}): call load_weights() (load_gguf() for "
+                                   "weight_format='gguf') before forward()")
+            plain = self.activation == "silu" and buffers["b13_0"] is None and buffers["b2_0"] is None
+            if plain and not prefetch and self.arenas.parts == 1 and hidden_states.dim() == 2 and topk_ids.dim() == 2:
+                # decode's common case: nothing to reshape, straight to the op (it checks the rest)
+                return torch.ops.ktmoe.moe_forward(hidden_states, topk_ids, topk_weights, w13, buffers["w2_0"])
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden_size)
         ids = topk_ids.reshape(x.shape[0], -1)
         weights = topk_weights.reshape(x.shape[0], -1)
         act = (*self._activation_args, prefetch)
-        if self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
+        if gguf is not None:  # the GGUF file's blocks (one part)
+            out = gguf.forward(x, ids, weights, buffers["b13_0"], buffers["b2_0"], *act)
+        elif self.numa_parts == 1:  # bf16 / fp16 / fp32 straight to the kernel (it converts per row)
             out = torch.ops.ktmoe.moe_forward(x, ids, weights, w13, buffers["w2_0"], buffers["b13_0"],
                                               buffers["b2_0"], *act)
         else:  # partial outputs of the parts, summed in fp32

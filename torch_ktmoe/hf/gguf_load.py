@@ -26,7 +26,6 @@ from ..layer import GGUF_FORMAT, KTMoE
 from .gguf_config import gguf_config
 from .patch import PatchReport, account
 
-# GGUF architecture names as gguf's tensor-name table spells them (gguf.MODEL_ARCH_NAMES values)
 _PERMUTED_ROPE = ("llama",)  # llama.cpp's converter permutes these archs' q / k rows for its rope
 
 
@@ -237,7 +236,7 @@ def open_gguf_model(path, gguf_file):
 
 
 def meta_model(model_class, config):
-    """``model_class`` (or the causal-LM class of ``config``) built on the meta device: its parameter names."""
+    """``model_class`` built from ``config`` on the meta device: its parameter names and shapes."""
     with torch.device("meta"):
         return model_class._from_config(config)
 

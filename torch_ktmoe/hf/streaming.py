@@ -15,6 +15,7 @@ A packed model directory (:mod:`.packed_dir`) loads the same way, its experts ma
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -244,8 +245,6 @@ def _from_gguf(path, gguf_file, model_class, dtype, weight_format: str | None, m
     state = gguf_load.dense_state_dict(gguf, meta, dtype, progress)
     unread = gguf_load.unread_tensors(gguf, state, meta)
     if unread:
-        import warnings
-
         warnings.warn(f"torch_ktmoe: {len(unread)} tensors of {gguf_path!r} have no place in "
                       f"{model_class.__name__} and are not read, e.g. {unread[:3]}", UserWarning, stacklevel=3)
     del meta
