@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   test_avx2_vnni(rng);
   test_mxfp4(isas, rng);
   test_ggml(isas, rng);
+  test_ggml_tiles(isas, rng);
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("INFO %d skipped, %.1f s\n", g_skipped, secs);

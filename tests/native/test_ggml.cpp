@@ -133,6 +133,13 @@ void test_one(const IsaKernels& isa, const GgmlCase& c, int64_t n, int64_t k, in
 
 }  // namespace
 
+std::vector<uint8_t> random_ggml_rows(GgmlType type, int64_t n, int64_t k, int skew, Rng& rng) {
+  for (const GgmlCase& c : kCases)
+    if (c.type == type) return random_rows(c, *find_ggml_type(uint32_t(type)), n, k, skew, rng);
+  CHECK(false, "random_ggml_rows: no case for this type");
+  return {};
+}
+
 void test_ggml(const std::vector<Isa>& isas, Rng& rng) {
   for (const Isa& isa : isas)
     for (const GgmlCase& c : kCases) {

@@ -42,6 +42,11 @@ void test_fp8(const std::vector<Isa>& isas, Rng& rng);  // test_fp8.cpp: e4m3 de
 void test_int4_affine(const std::vector<Isa>& isas, Rng& rng);
 // test_ggml.cpp: gemm_ggml of every ISA over GGML rows: the decoder's weights exactly, fp32 sums, any split
 void test_ggml(const std::vector<Isa>& isas, Rng& rng);
+// n rows of k weights of a GGML type: random bytes with sane fp16 scales (edge values first), `skew` bytes in.
+std::vector<uint8_t> random_ggml_rows(GgmlType type, int64_t n, int64_t k, int skew, Rng& rng);
+// test_ggml_tiles.cpp: GGML rows on AMX tiles (amx/ggml_tiles.h): emulated over portable decoders on every host,
+// the avx512 decoders' bytes, the real tiles' bits
+void test_ggml_tiles(const std::vector<Isa>& isas, Rng& rng);
 // test_mxfp4.cpp: e2m1 / E8M0 values, kMXFP4 exact and dense packing, gemm_mxfp4 of every ISA
 void test_mxfp4(const std::vector<Isa>& isas, Rng& rng);
 

@@ -7,6 +7,8 @@
 //                       below the tiles avx512's integer kernel (vpdpwssd, gemm_nibble_int16_avx512.cpp)
 //   gemm_decoded_amx.cpp  kFP8 / kINT4A decoded per block to bf16 by avx512's decoders, tiles per k-group;
 //                       below the tiles kINT4A runs the int16 kernel too
+//   gemm_ggml_amx.cpp   GGML rows where they lie, weights as A tiles (ggml_tiles.h; ggml_tile_rows.cpp decodes
+//                       q8_0 / q4_0 / q4_K / q5_K / q6_K / iq4_xs / iq4_nl / mxfp4); other types avx512's
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).
@@ -27,6 +29,8 @@ void gemm_fp8(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64
               int64_t b1, float* c, int64_t ldc);
 void gemm_int4_affine(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                       int64_t b1, float* c, int64_t ldc);
+void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
+               const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc);
 }  // namespace amx
 
 const IsaKernels& amx_kernels() {
@@ -40,6 +44,7 @@ const IsaKernels& amx_kernels() {
     t.gemm_mxfp4 = amx::gemm_mxfp4;
     t.gemm_fp8 = amx::gemm_fp8;
     t.gemm_int4_affine = amx::gemm_int4_affine;
+    t.gemm_ggml = amx::gemm_ggml;
     return t;
   }();
   return table;

@@ -1,0 +1,219 @@
+// [NOTE] GGML rows as A tiles (ggml_tiles.h's GgmlTileRows): per type, 16 rows of GGUF blocks -> their exact
+// integer codes as bf16, one row of k codes per weight row, and the fp32 scale (and offset) of every k-group.
+// AVX-512 BW, 32 codes per instruction group; the scales scalar (F16C's exact fp16 widening), rounded as
+// gguf's formula rounds them (ggml_decode.cpp: d · sc, dmin · m, d · (ls - 32) are each one product).
+//   q8_0    codes q (vpmovsxbd, vcvtdq2ps, vcvtne2ps2bf16: exact below 2^8)         s = d
+//   q4_0    codes q - 8 (a nibble through vpermw over a 16-entry bf16 table)         s = d
+//   q4_K    codes 0..15 (low / high nibbles of 32 bytes)                             s = d·sc_j, o = -(dmin·m_j)
+//   q5_K    codes 0..31 (the nibble with qh's bit j as bit 4)                        as q4_K
+//   q6_K    codes -32..31 (ql's nibble | qh's 2 bits << 4, vpermt2w over 64 entries)  s = d·sc_g (16 inputs)
+//   iq4_xs  codes the iq4 levels (vpermw)                                            s = d·(ls_j - 32)
+//   iq4_nl  as iq4_xs, one block of 32                                              s = d
+//   mxfp4   codes 2·e2m1 (vpermw)                                                    s = 2^(e - 128)
+// Element order inside blocks as ggml's dequantize_row_* (ggml_blocks.h); every code is a small integer, so
+// its bf16 is exact and normal (or zero): AMX's denormals-are-zero never touches a weight.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/amx/ggml_tiles.h"
+#include "kernels/ggml/ggml_blocks.h"
+
+namespace ktmoe {
+namespace amx {
+namespace {
+
+using namespace ggml;
+
+inline uint16_t bf16_of(int v) {  // exact for |v| <= 256
+  const float f = float(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t(u >> 16);
+}
+
+// vpermw / vpermt2w tables: the bf16 of each code's value.
+struct Tables {
+  alignas(64) uint16_t u5[32];         // 0..31
+  alignas(64) uint16_t s6[64];         // i - 32
+  alignas(64) uint16_t q4_0[32];       // i - 8 (i < 16)
+  alignas(64) uint16_t iq4[32];        // kIQ4Levels
+  alignas(64) uint16_t mxfp4[32];      // kMXFP4Levels2
+  Tables() {
+    for (int i = 0; i < 32; ++i) {
+      u5[i] = bf16_of(i);
+      q4_0[i] = bf16_of(i % 16 - 8);
+      iq4[i] = bf16_of(kIQ4Levels[i % 16]);
+      mxfp4[i] = bf16_of(kMXFP4Levels2[i % 16]);
+    }
+    for (int i = 0; i < 64; ++i) s6[i] = bf16_of(i - 32);
+  }
+};
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+inline __m512i table(const uint16_t* t) { return _mm512_load_si512(t); }
+enum class Levels { kQ4_0, kIQ4, kMXFP4 };  // the 32-element nibble types' tables
+template <Levels L>
+const uint16_t* levels() {
+  return L == Levels::kQ4_0 ? tables().q4_0 : L == Levels::kIQ4 ? tables().iq4 : tables().mxfp4;
+}
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+inline void store32(uint16_t* out, __m512i v) { _mm512_storeu_si512(out, v); }
+inline __m512i u8x32_words(const uint8_t* p) {
+  return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// A 32-element nibble block (16 bytes: element j < 16 the low nibble of qs[j], 16 + j the high one) through t.
+inline __m512i nibble_block(const uint8_t* qs, __m512i t) {
+  const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m512i idx =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, _mm256_set1_epi16(15))), _mm256_srli_epi16(v, 4), 1);
+  return _mm512_permutexvar_epi16(idx, t);
+}
+
+// One row of each type: codes [k] and, per group G of the row, s[16 G] (and o[16 G]).
+void row_q8_0(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
+  for (int64_t b = 0; b < k / kQK; ++b, row += sizeof(BlockQ8_0), codes += kQK) {
+    s[16 * b] = f16(row);
+    const auto* q = reinterpret_cast<const __m128i*>(row + 2);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+    store32(codes, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+template <int kBytes, Levels kLevels, bool kE8m0>
+void row_nibble32(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
+  const __m512i t = table(levels<kLevels>());
+  for (int64_t b = 0; b < k / kQK; ++b, row += kBytes, codes += kQK) {
+    if constexpr (kE8m0) {  // ggml_e8m0_to_fp32_half: 2^(e - 128), e = 0 and 1 as fp32 subnormals
+      const uint32_t e = row[0], bits = e < 2 ? uint32_t(0x00200000u) << e : (e - 1) << 23;
+      std::memcpy(&s[16 * b], &bits, 4);
+    } else {
+      s[16 * b] = f16(row);
+    }
+    store32(codes, nibble_block(row + (kE8m0 ? 1 : 2), t));
+  }
+}
+
+template <bool kFifthBit>
+void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
+  constexpr int kBytes = kFifthBit ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  const __m512i t = table(tables().u5), nib = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += kBytes, codes += kQK_K, s += 8 * 16, o += 8 * 16) {
+    const float d = f16(row), dmin = f16(row + 2);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      q4k_scale_min(row + 4, j, &sc, &m);
+      s[16 * j] = d * float(sc);
+      o[16 * j] = -(dmin * float(m));
+    }
+    const uint8_t* qs = row + (kFifthBit ? 48 : 16);
+    const __m512i h = kFifthBit ? u8x32_words(row + 16) : _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high) of qs[32p .. 32p + 32)
+      const __m512i v = u8x32_words(qs + 32 * p);
+      __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_srli_epi16(v, 4);
+      if constexpr (kFifthBit) {
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * p), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * p + 1), one), 4));
+      }
+      store32(codes + 64 * p, _mm512_permutexvar_epi16(lo, t));
+      store32(codes + 64 * p + 32, _mm512_permutexvar_epi16(hi, t));
+    }
+  }
+}
+
+// Element 128 h + 64 s + 32 u + l: nibble s of ql[64 h + 32 u + l] | bits 2 (2s + u) of qh[32 h + l] << 4, - 32.
+void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
+  const __m512i lo_t = table(tables().s6), hi_t = table(tables().s6 + 32);
+  const __m512i nib = _mm512_set1_epi16(15), two = _mm512_set1_epi16(3);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ6_K), codes += kQK_K, s += 16 * 16) {
+    const float d = f16(row + 208);
+    for (int g = 0; g < 16; ++g) s[16 * g] = d * float(int8_t(row[192 + g]));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i qh = u8x32_words(row + 128 + 32 * h);
+      for (int u = 0; u < 2; ++u) {
+        const __m512i ql = u8x32_words(row + 64 * h + 32 * u);
+        for (int sh = 0; sh < 2; ++sh) {
+          const __m512i lo = sh ? _mm512_srli_epi16(ql, 4) : _mm512_and_si512(ql, nib);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * (2 * sh + u)), two);
+          const __m512i idx = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+          store32(codes + 128 * h + 64 * sh + 32 * u, _mm512_permutex2var_epi16(lo_t, idx, hi_t));
+        }
+      }
+    }
+  }
+}
+
+void row_iq4_xs(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
+  const __m512i t = table(tables().iq4);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), codes += kQK_K, s += 8 * 16) {
+    const float d = f16(row);
+    uint16_t scales_h;
+    std::memcpy(&scales_h, row + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((row[4 + j / 2] >> (4 * (j % 2))) & 0xF) | ((scales_h >> (2 * j)) & 3) << 4;
+      s[16 * j] = d * float(ls - 32);
+      store32(codes + 32 * j, nibble_block(row + 8 + 16 * j, t));
+    }
+  }
+}
+
+using RowFn = void (*)(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o);
+
+// GgmlTileRows::decode from a row function: rows past `rows` get zero codes, scales and offsets.
+template <RowFn kRow, int kGroup, bool kMins>
+void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, int64_t ldc, float* s,
+                 float* o) {
+  for (int64_t i = 0; i < 16; ++i) {
+    if (i < rows) {
+      kRow(w + i * row_bytes, k, codes + i * ldc, s + i, o + i);
+      continue;
+    }
+    std::memset(codes + i * ldc, 0, size_t(k) * 2);
+    for (int64_t g = 0; g < k / kGroup; ++g) {
+      s[g * 16 + i] = 0.f;
+      if (kMins) o[g * 16 + i] = 0.f;
+    }
+  }
+}
+
+template <RowFn kRow, int kGroup, bool kMins>
+constexpr GgmlTileRows tile_rows() {
+  return {kGroup, kMins, decode_rows<kRow, kGroup, kMins>};
+}
+
+constexpr GgmlTileRows kQ8_0 = tile_rows<row_q8_0, 32, false>();
+constexpr GgmlTileRows kQ4_0 = tile_rows<row_nibble32<sizeof(BlockQ4_0), Levels::kQ4_0, false>, 32, false>();
+constexpr GgmlTileRows kIQ4_NL = tile_rows<row_nibble32<sizeof(BlockIQ4_NL), Levels::kIQ4, false>, 32, false>();
+constexpr GgmlTileRows kMXFP4 = tile_rows<row_nibble32<sizeof(BlockMXFP4), Levels::kMXFP4, true>, 32, false>();
+constexpr GgmlTileRows kQ4_K = tile_rows<row_k_with_mins<false>, 32, true>();
+constexpr GgmlTileRows kQ5_K = tile_rows<row_k_with_mins<true>, 32, true>();
+constexpr GgmlTileRows kQ6_K = tile_rows<row_q6_K, 16, false>();
+constexpr GgmlTileRows kIQ4_XS = tile_rows<row_iq4_xs, 32, false>();
+
+}  // namespace
+
+const GgmlTileRows* ggml_tile_rows(GgmlType id) {
+  switch (id) {
+    case GgmlType::kQ8_0: return &kQ8_0;
+    case GgmlType::kQ4_0: return &kQ4_0;
+    case GgmlType::kIQ4_NL: return &kIQ4_NL;
+    case GgmlType::kMXFP4: return &kMXFP4;
+    case GgmlType::kQ4_K: return &kQ4_K;
+    case GgmlType::kQ5_K: return &kQ5_K;
+    case GgmlType::kQ6_K: return &kQ6_K;
+    case GgmlType::kIQ4_XS: return &kIQ4_XS;
+    default: return nullptr;
+  }
+}
+
+}  // namespace amx
+}  // namespace ktmoe
