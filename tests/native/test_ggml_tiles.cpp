@@ -104,7 +104,34 @@ const Portable* portable(GgmlType t) {
         std::memcpy(&sh, b + 2, 2);
         *s = f16_at(b) * float((((b[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32);
       }};
+  static const Portable q2_K{
+      16, true,
+      [](const uint8_t* r, int64_t e) {
+        const uint8_t* b = r + 84 * (e / 256);
+        const int i = int(e % 256);
+        return (b[16 + 32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+      },
+      [](const uint8_t* r, int64_t g, float* s, float* o) {
+        const uint8_t* b = r + 84 * (g / 16);
+        const int sc = b[g % 16];
+        *s = f16_at(b + 80) * float(sc & 15), *o = -(f16_at(b + 82) * float(sc >> 4));
+      }};
+  static const Portable q3_K{
+      16, false,
+      [](const uint8_t* r, int64_t e) {
+        const uint8_t* b = r + 110 * (e / 256);
+        const int i = int(e % 256), l = i % 32;
+        return ((b[32 + 32 * (i / 128) + l] >> (2 * ((i / 32) % 4))) & 3) - ((b[l] >> (i / 32)) & 1 ? 0 : 4);
+      },
+      [](const uint8_t* r, int64_t g, float* s, float*) {
+        const uint8_t* b = r + 110 * (g / 16);
+        const int j = int(g % 16);
+        const int lo = (b[96 + j % 8] >> (4 * (j / 8))) & 15, hi = (b[104 + j % 4] >> (2 * (j / 4))) & 3;
+        *s = f16_at(b + 108) * float((lo | hi << 4) - 32);
+      }};
   switch (t) {
+    case GgmlType::kQ2_K: return &q2_K;
+    case GgmlType::kQ3_K: return &q3_K;
     case GgmlType::kQ8_0: return &q8_0;
     case GgmlType::kQ4_0: return &q4_0;
     case GgmlType::kIQ4_NL: return &iq4_nl;
@@ -243,9 +270,9 @@ void test_ggml_tiles(const std::vector<Isa>& isas, Rng& rng) {
     if (std::string(isa.k->name) == "amx") tiles = isa.k;
   }
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4, GgmlType::kQ4_K,
-                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS})
+                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kQ2_K, GgmlType::kQ3_K})
     test_type(vec512, tiles, type, rng);
-  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kIQ2_XXS, GgmlType::kF16})
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kIQ2_XXS, GgmlType::kIQ1_M, GgmlType::kF16})
     CHECK(!vec512 || amx::ggml_tile_rows(type) == nullptr,
           strf("amx ggml tiles: %s has no tile decoder (avx512's gemm_ggml runs it)", find_ggml_type(uint32_t(type))->name));
 }

@@ -1,6 +1,6 @@
 // [NOTE] amx gemm_ggml: GGML rows where they lie (isa_kernels.h's contract) on tdpbf16ps tiles for prefill rows
-// (m >= prefill_min_rows()) of the types ggml_tile_rows.cpp decodes (q8_0, q4_0, q4_K, q5_K, q6_K, iq4_xs, iq4_nl,
-// mxfp4); below them, and for the other types, avx512's gemm_ggml (its code kernels / decoded rows).
+// (m >= prefill_min_rows()) of the types ggml_tile_rows.cpp decodes (q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K,
+// iq4_xs, iq4_nl, mxfp4); below them, and for the other types, avx512's gemm_ggml (code kernels / decoded rows).
 // Per pass of up to 32 activation rows: the rows as k-pair B tiles (a 16 x 16 dword transpose per 32 inputs
 // of 16 tokens) and, for types with mins, their group sums (ggml_tiles.h's activation_group_sums); then
 // ggml_tiles.h's loop nest decodes each pair of 16 weight rows once and runs them against both token groups.

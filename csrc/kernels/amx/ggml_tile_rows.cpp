@@ -7,6 +7,8 @@
 //   q4_K    codes 0..15 (low / high nibbles of 32 bytes)                             s = d·sc_j, o = -(dmin·m_j)
 //   q5_K    codes 0..31 (the nibble with qh's bit j as bit 4)                        as q4_K
 //   q6_K    codes -32..31 (ql's nibble | qh's 2 bits << 4, vpermt2w over 64 entries)  s = d·sc_g (16 inputs)
+//   q2_K    codes 0..3 (2-bit fields of qs)                       s = d·(sc_g & 15), o = -(dmin·(sc_g >> 4)) (16)
+//   q3_K    codes -4..3 (2 bits of qs, hmask's bit as 4)                          s = d·(6-bit sc_g - 32) (16)
 //   iq4_xs  codes the iq4 levels (vpermw)                                            s = d·(ls_j - 32)
 //   iq4_nl  as iq4_xs, one block of 32                                              s = d
 //   mxfp4   codes 2·e2m1 (vpermw)                                                    s = 2^(e - 128)
@@ -39,12 +41,14 @@ struct Tables {
   alignas(64) uint16_t q4_0[32];       // i - 8 (i < 16)
   alignas(64) uint16_t iq4[32];        // kIQ4Levels
   alignas(64) uint16_t mxfp4[32];      // kMXFP4Levels2
+  alignas(64) uint16_t q3[32];         // i - 4 (i < 8)
   Tables() {
     for (int i = 0; i < 32; ++i) {
       u5[i] = bf16_of(i);
       q4_0[i] = bf16_of(i % 16 - 8);
       iq4[i] = bf16_of(kIQ4Levels[i % 16]);
       mxfp4[i] = bf16_of(kMXFP4Levels2[i % 16]);
+      q3[i] = bf16_of(i % 8 - 4);
     }
     for (int i = 0; i < 64; ++i) s6[i] = bf16_of(i - 32);
   }
@@ -152,6 +156,47 @@ void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
   }
 }
 
+// q2_K: element 128 h + 32 s + l is bits 2s..2s+1 of qs[32 h + l]; group g = e / 16: s = d · (scales[g] & 15),
+// o = -(dmin · (scales[g] >> 4)).
+void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
+  const __m512i t = table(tables().u5), three = _mm512_set1_epi16(3);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ2_K), codes += kQK_K, s += 16 * 16, o += 16 * 16) {
+    const float d = f16(row + 80), dmin = f16(row + 82);
+    for (int g = 0; g < 16; ++g) {
+      s[16 * g] = d * float(row[g] & 0xF);
+      o[16 * g] = -(dmin * float(row[g] >> 4));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = u8x32_words(row + 16 + 32 * h);
+      for (int sh = 0; sh < 4; ++sh)
+        store32(codes + 128 * h + 32 * sh, _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 2 * sh), three), t));
+    }
+  }
+}
+
+// q3_K: element 128 h + 32 s + l is bits 2s..2s+1 of qs[32 h + l], minus 4 unless bit 4h + s of hmask[l] is set;
+// group g: s = d · (6-bit scale - 32) (low 4 bits from scales[g % 8] >> 4 (g / 8), high 2 from scales[8 + g % 4]).
+void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
+  const __m512i t = table(tables().q3), three = _mm512_set1_epi16(3), one = _mm512_set1_epi16(1);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ3_K), codes += kQK_K, s += 16 * 16) {
+    const float d = f16(row + 108);
+    const uint8_t* sc = row + 96;
+    for (int g = 0; g < 16; ++g) {
+      const int lo = (sc[g % 8] >> (4 * (g / 8))) & 0xF, hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+      s[16 * g] = d * float((lo | hi << 4) - 32);
+    }
+    const __m512i hm = u8x32_words(row);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = u8x32_words(row + 32 + 32 * h);
+      for (int sh = 0; sh < 4; ++sh) {
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(q, 2 * sh), three);
+        const __m512i hb = _mm512_and_si512(_mm512_srli_epi16(hm, 4 * h + sh), one);
+        store32(codes + 128 * h + 32 * sh, _mm512_permutexvar_epi16(_mm512_or_si512(lo, _mm512_slli_epi16(hb, 2)), t));
+      }
+    }
+  }
+}
+
 void row_iq4_xs(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(tables().iq4);
   for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), codes += kQK_K, s += 8 * 16) {
@@ -198,6 +243,8 @@ constexpr GgmlTileRows kQ4_K = tile_rows<row_k_with_mins<false>, 32, true>();
 constexpr GgmlTileRows kQ5_K = tile_rows<row_k_with_mins<true>, 32, true>();
 constexpr GgmlTileRows kQ6_K = tile_rows<row_q6_K, 16, false>();
 constexpr GgmlTileRows kIQ4_XS = tile_rows<row_iq4_xs, 32, false>();
+constexpr GgmlTileRows kQ2_K = tile_rows<row_q2_K, 16, true>();
+constexpr GgmlTileRows kQ3_K = tile_rows<row_q3_K, 16, false>();
 
 }  // namespace
 
@@ -211,6 +258,8 @@ const GgmlTileRows* ggml_tile_rows(GgmlType id) {
     case GgmlType::kQ5_K: return &kQ5_K;
     case GgmlType::kQ6_K: return &kQ6_K;
     case GgmlType::kIQ4_XS: return &kIQ4_XS;
+    case GgmlType::kQ2_K: return &kQ2_K;
+    case GgmlType::kQ3_K: return &kQ3_K;
     default: return nullptr;
   }
 }
