@@ -81,6 +81,8 @@ GGUF_MIXES = {
     "gguf-q6_K": (Q.Q6_K, Q.Q6_K, Q.Q6_K),
     "gguf-q8_0": (Q.Q8_0, Q.Q8_0, Q.Q8_0),
     "gguf-iq4_xs": (Q.IQ4_XS, Q.IQ4_XS, Q.IQ4_XS),
+    "gguf-q2_K": (Q.Q2_K, Q.Q2_K, Q.Q2_K),
+    "gguf-q3_K": (Q.Q3_K, Q.Q3_K, Q.Q3_K),
 }
 
 

@@ -3,6 +3,7 @@
 Run (an AMX host, e.g. Sapphire Rapids; benchmarks/micro/device_amx.sh does it on the device machine):
 
     python -m benchmarks.micro.bench_amx --tokens 1,16,32,64,128,256,512 --formats bf16,int8,int4
+    python -m benchmarks.micro.bench_amx --formats gguf-q4_K,gguf-q4_K_M     # GGUF experts in place
 
 Reference shape (E=128, top-8, H=2048, I=768), bf16 activations, all threads of torch's pool. Per (format, T):
 ms of the whole layer on avx512 and on amx, median and min over ``--rounds`` rounds, each round one call of each
@@ -19,6 +20,7 @@ import torch
 
 import torch_ktmoe
 from benchmarks.cli import add_out_argument, write_result
+from ktmoe_harness.ggml_rows import GGUF_MIXES, ggml_experts
 from ktmoe_harness.moe_inputs import random_experts, routings
 from torch_ktmoe import ops
 
@@ -45,11 +47,16 @@ def matmul_ms(tokens: int, rounds: int) -> float:
 
 
 def bench_format(spec: str, tokens_list, rounds: int) -> list[dict]:
-    """spec: a format, or FORMAT:GROUP (int8:0, per output channel)."""
+    """spec: a format, FORMAT:GROUP (int8:0, per output channel), or a GGUF mix (gguf-q4_K: GGUF blocks in place)."""
     E, k, H, I = SHAPE
     fmt, _, group = spec.partition(":")
-    gate_up, down = random_experts(E, H, I, dtype=torch.bfloat16)
-    w13, w2 = ops.pack_experts(gate_up, down, fmt, group_size=int(group) if group else None)
+    if spec in GGUF_MIXES:  # random blocks of the mix's types (speed does not depend on the values)
+        gguf_rows = ggml_experts(GGUF_MIXES[spec], E, H, I)
+        forward = lambda x, ids, w: ops.moe_forward_ggml(x, ids, w, *gguf_rows, GGUF_MIXES[spec])  # noqa: E731
+    else:
+        gate_up, down = random_experts(E, H, I, dtype=torch.bfloat16)
+        w13, w2 = ops.pack_experts(gate_up, down, fmt, group_size=int(group) if group else None)
+        forward = lambda x, ids, w: ops.moe_forward(x, ids, w, w13, w2)  # noqa: E731
     fmt = spec
     rows = []
     for tokens in tokens_list:
@@ -59,12 +66,12 @@ def bench_format(spec: str, tokens_list, rounds: int) -> list[dict]:
         outs, times = {}, {isa: [] for isa in isas}
         for isa in isas:  # warm-up, and the outputs compared
             with torch_ktmoe.isa_scope(isa):
-                outs[isa] = ops.moe_forward(x, *routes[0], w13, w2).float()
+                outs[isa] = forward(x, *routes[0]).float()
         for r in range(rounds):
             ids, w = routes[(r + 1) % len(routes)]
             for isa in isas:
                 with torch_ktmoe.isa_scope(isa):
-                    times[isa].append(timed(lambda: ops.moe_forward(x, ids, w, w13, w2)))
+                    times[isa].append(timed(lambda: forward(x, ids, w)))
         flop = 2 * tokens * k * H * 3 * I
         med = {isa: statistics.median(times[isa]) for isa in isas}
         mm = matmul_ms(tokens, rounds)

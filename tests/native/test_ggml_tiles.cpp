@@ -155,8 +155,8 @@ void portable_decode(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t 
     for (int64_t i = 0; i < 16; ++i) {
       float sv = 0.f, ov = 0.f;
       if (i < rows) p.scales(w + i * row_bytes, g, &sv, &ov);
-      s[g * 16 + i] = sv;
-      if (p.mins) o[g * 16 + i] = ov;
+      s[i * (k / p.group) + g] = sv;
+      if (p.mins) o[i * (k / p.group) + g] = ov;
     }
 }
 

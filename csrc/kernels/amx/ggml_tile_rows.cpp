@@ -1,7 +1,9 @@
 // [NOTE] GGML rows as A tiles (ggml_tiles.h's GgmlTileRows): per type, 16 rows of GGUF blocks -> their exact
 // integer codes as bf16, one row of k codes per weight row, and the fp32 scale (and offset) of every k-group.
-// AVX-512 BW, 32 codes per instruction group; the scales scalar (F16C's exact fp16 widening), rounded as
-// gguf's formula rounds them (ggml_decode.cpp: d · sc, dmin · m, d · (ls - 32) are each one product).
+// AVX-512 BW, 32 codes per instruction group; a super-block's scales unpacked in vector lanes too (variable
+// shifts of the scale bytes, gathered by vpshufb), widened from fp16 by F16C (exact) and rounded as gguf's
+// formula rounds them (ggml_decode.cpp: d · sc, dmin · m, d · (ls - 32) are each one product). A row's scales
+// are contiguous (s[G] of its groups G), as GgmlTileRows says.
 //   q8_0    codes q (vpmovsxbd, vcvtdq2ps, vcvtne2ps2bf16: exact below 2^8)         s = d
 //   q4_0    codes q - 8 (a nibble through vpermw over a 16-entry bf16 table)         s = d
 //   q4_K    codes 0..15 (low / high nibbles of 32 bytes)                             s = d·sc_j, o = -(dmin·m_j)
@@ -82,10 +84,10 @@ inline __m512i nibble_block(const uint8_t* qs, __m512i t) {
   return _mm512_permutexvar_epi16(idx, t);
 }
 
-// One row of each type: codes [k] and, per group G of the row, s[16 G] (and o[16 G]).
+// One row of each type: codes [k] and, per group G of the row, s[G] (and o[G]).
 void row_q8_0(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   for (int64_t b = 0; b < k / kQK; ++b, row += sizeof(BlockQ8_0), codes += kQK) {
-    s[16 * b] = f16(row);
+    s[b] = f16(row);
     const auto* q = reinterpret_cast<const __m128i*>(row + 2);
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
@@ -99,26 +101,38 @@ void row_nibble32(const uint8_t* row, int64_t k, uint16_t* codes, float* s, floa
   for (int64_t b = 0; b < k / kQK; ++b, row += kBytes, codes += kQK) {
     if constexpr (kE8m0) {  // ggml_e8m0_to_fp32_half: 2^(e - 128), e = 0 and 1 as fp32 subnormals
       const uint32_t e = row[0], bits = e < 2 ? uint32_t(0x00200000u) << e : (e - 1) << 23;
-      std::memcpy(&s[16 * b], &bits, 4);
+      std::memcpy(&s[b], &bits, 4);
     } else {
-      s[16 * b] = f16(row);
+      s[b] = f16(row);
     }
     store32(codes, nibble_block(row + (kE8m0 ? 1 : 2), t));
   }
+}
+
+// q4_K / q5_K's super-block at b: s[j] = d · sc_j, o[j] = -(dmin · m_j), j < 8 (ggml's get_scale_min_k4 in 16
+// lanes: lane j the scale, lane 8 + j the min; a low field of byte A >> sa masked, or'd with the top 2 bits
+// of byte B (j >= 4) shifted to bits 4-5).
+inline void k_scales_mins(const uint8_t* b, float* s, float* o) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));  // 12 scale bytes (+ 4 of qh / qs)
+  const __m512i a = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m512i bb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7)));
+  const __m512i sa = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i ma = _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  const __m512i mb = _mm512_setr_epi32(0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3);
+  const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(a, sa), ma),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bb, 6), mb), 4));
+  const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16(b)), _mm512_set1_ps(f16(b + 2)));
+  const __m512 prod = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(v));
+  _mm256_storeu_ps(s, _mm512_castps512_ps256(prod));
+  _mm256_storeu_ps(o, _mm256_xor_ps(_mm512_extractf32x8_ps(prod, 1), _mm256_set1_ps(-0.f)));  // -(dmin · m)
 }
 
 template <bool kFifthBit>
 void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
   constexpr int kBytes = kFifthBit ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   const __m512i t = table(tables().u5), nib = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += kBytes, codes += kQK_K, s += 8 * 16, o += 8 * 16) {
-    const float d = f16(row), dmin = f16(row + 2);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      q4k_scale_min(row + 4, j, &sc, &m);
-      s[16 * j] = d * float(sc);
-      o[16 * j] = -(dmin * float(m));
-    }
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += kBytes, codes += kQK_K, s += 8, o += 8) {
+    k_scales_mins(row, s, o);
     const uint8_t* qs = row + (kFifthBit ? 48 : 16);
     const __m512i h = kFifthBit ? u8x32_words(row + 16) : _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high) of qs[32p .. 32p + 32)
@@ -138,9 +152,9 @@ void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, f
 void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i lo_t = table(tables().s6), hi_t = table(tables().s6 + 32);
   const __m512i nib = _mm512_set1_epi16(15), two = _mm512_set1_epi16(3);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ6_K), codes += kQK_K, s += 16 * 16) {
-    const float d = f16(row + 208);
-    for (int g = 0; g < 16; ++g) s[16 * g] = d * float(int8_t(row[192 + g]));
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ6_K), codes += kQK_K, s += 16) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 192)));
+    _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(f16(row + 208)), _mm512_cvtepi32_ps(sc)));
     for (int h = 0; h < 2; ++h) {
       const __m512i qh = u8x32_words(row + 128 + 32 * h);
       for (int u = 0; u < 2; ++u) {
@@ -160,12 +174,12 @@ void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
 // o = -(dmin · (scales[g] >> 4)).
 void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
   const __m512i t = table(tables().u5), three = _mm512_set1_epi16(3);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ2_K), codes += kQK_K, s += 16 * 16, o += 16 * 16) {
-    const float d = f16(row + 80), dmin = f16(row + 82);
-    for (int g = 0; g < 16; ++g) {
-      s[16 * g] = d * float(row[g] & 0xF);
-      o[16 * g] = -(dmin * float(row[g] >> 4));
-    }
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ2_K), codes += kQK_K, s += 16, o += 16) {
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4));
+    _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(f16(row + 80)), lo));
+    _mm512_storeu_ps(o, _mm512_xor_ps(_mm512_mul_ps(_mm512_set1_ps(f16(row + 82)), hi), _mm512_set1_ps(-0.f)));
     for (int h = 0; h < 2; ++h) {
       const __m512i q = u8x32_words(row + 16 + 32 * h);
       for (int sh = 0; sh < 4; ++sh)
@@ -178,13 +192,16 @@ void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o
 // group g: s = d · (6-bit scale - 32) (low 4 bits from scales[g % 8] >> 4 (g / 8), high 2 from scales[8 + g % 4]).
 void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(tables().q3), three = _mm512_set1_epi16(3), one = _mm512_set1_epi16(1);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ3_K), codes += kQK_K, s += 16 * 16) {
-    const float d = f16(row + 108);
-    const uint8_t* sc = row + 96;
-    for (int g = 0; g < 16; ++g) {
-      const int lo = (sc[g % 8] >> (4 * (g / 8))) & 0xF, hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-      s[16 * g] = d * float((lo | hi << 4) - 32);
-    }
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ3_K), codes += kQK_K, s += 16) {
+    // lane g: (bytes[g % 8] >> 4 (g / 8)) & 15 | ((bytes[8 + g % 4] >> 2 (g / 4)) & 3) << 4, minus 32
+    const __m128i bytes = _mm_maskz_loadu_epi8(0x0FFF, row + 96);  // the 12 scale bytes (d follows: not read)
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m512i hi = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11)));
+    const __m512i v = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srlv_epi32(lo, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4)), _mm512_set1_epi32(15)),
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)),
+                                           _mm512_set1_epi32(3)), 4));
+    _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(f16(row + 108)), _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(32)))));
     const __m512i hm = u8x32_words(row);
     for (int h = 0; h < 2; ++h) {
       const __m512i q = u8x32_words(row + 32 + 32 * h);
@@ -199,15 +216,17 @@ void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
 
 void row_iq4_xs(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(tables().iq4);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), codes += kQK_K, s += 8 * 16) {
-    const float d = f16(row);
-    uint16_t scales_h;
+  const __m256i shift_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shift_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), codes += kQK_K, s += 8) {
+    uint16_t scales_h;  // ls_j = nibble j of the 4 bytes scales_l | bits 2j..2j+1 of scales_h << 4
+    uint32_t scales_l;
     std::memcpy(&scales_h, row + 2, 2);
-    for (int j = 0; j < 8; ++j) {
-      const int ls = ((row[4 + j / 2] >> (4 * (j % 2))) & 0xF) | ((scales_h >> (2 * j)) & 3) << 4;
-      s[16 * j] = d * float(ls - 32);
-      store32(codes + 32 * j, nibble_block(row + 8 + 16 * j, t));
-    }
+    std::memcpy(&scales_l, row + 4, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(scales_l)), shift_l), _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(scales_h), shift_h), _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(f16(row)), _mm256_cvtepi32_ps(ls)));
+    for (int j = 0; j < 8; ++j) store32(codes + 32 * j, nibble_block(row + 8 + 16 * j, t));
   }
 }
 
@@ -217,16 +236,15 @@ using RowFn = void (*)(const uint8_t* row, int64_t k, uint16_t* codes, float* s,
 template <RowFn kRow, int kGroup, bool kMins>
 void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, int64_t ldc, float* s,
                  float* o) {
+  const int64_t ngroups = k / kGroup;
   for (int64_t i = 0; i < 16; ++i) {
     if (i < rows) {
-      kRow(w + i * row_bytes, k, codes + i * ldc, s + i, o + i);
+      kRow(w + i * row_bytes, k, codes + i * ldc, s + i * ngroups, o + i * ngroups);
       continue;
     }
     std::memset(codes + i * ldc, 0, size_t(k) * 2);
-    for (int64_t g = 0; g < k / kGroup; ++g) {
-      s[g * 16 + i] = 0.f;
-      if (kMins) o[g * 16 + i] = 0.f;
-    }
+    std::memset(s + i * ngroups, 0, size_t(ngroups) * 4);
+    if (kMins) std::memset(o + i * ngroups, 0, size_t(ngroups) * 4);
   }
 }
 

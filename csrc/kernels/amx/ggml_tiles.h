@@ -33,7 +33,7 @@ namespace amx {
 
 // How one GGML type's rows become A tiles. decode(w, row_bytes, rows, k, codes, ldc, s, o): rows (<= 16)
 // rows of w, row_bytes apart, k inputs each -> codes [16][ldc] bf16 (rows >= `rows` zero) and per k-group G
-// s[G * 16 + i] (and, with mins, o[G * 16 + i]; both 0 for rows >= `rows`).
+// s[i * (k / group) + G] (and, with mins, o[i * (k / group) + G]; both 0 for rows >= `rows`).
 struct GgmlTileRows {
   int group;  // inputs per scale: 32, or 16
   bool mins;  // the value is s·q + o per group
@@ -85,7 +85,7 @@ struct GgmlTileGemm {
     const ActivationTiles& x;
     int64_t k, ngroups, ldcodes, m, n;
     const uint16_t* codes;  // [2][16][ldcodes]
-    const float* scales;    // per block: s [ngroups][16], then o [ngroups][16]
+    const float* scales;    // per block: s [16][ngroups], then o [16][ngroups]
     float* c;
     int64_t ldc;
   };
@@ -154,18 +154,18 @@ struct GgmlTileGemm {
   static void epilogue(const Call& k, const float* cbuf, float* f, int64_t g) {
     constexpr int kCols = 16 * NT;
     for (int j = 0; j < NB; ++j) {
-      const float* s = k.scales + j * 2 * k.ngroups * 16 + g * 16;
+      const float* s = k.scales + j * 2 * k.ngroups * 16 + g;
       const float* o = s + k.ngroups * 16;
       for (int i = 0; i < 16; ++i) {
         float* __restrict fr = f + (16 * j + i) * 32;
         const float* __restrict cr = cbuf + (16 * j + i) * 32;
-        const float si = s[i];
+        const float si = s[i * k.ngroups];
         if (g == 0)
           for (int col = 0; col < kCols; ++col) fr[col] = std::fma(si, cr[col], 0.f);
         else
           for (int col = 0; col < kCols; ++col) fr[col] = std::fma(si, cr[col], fr[col]);
         if (k.type.mins) {
-          const float oi = o[i];
+          const float oi = o[i * k.ngroups];
           for (int tg = 0; tg < NT; ++tg) {
             const float* __restrict xs = k.x.xsum + (tg * k.ngroups + g) * 16;
             for (int t = 0; t < 16; ++t) fr[16 * tg + t] = std::fma(oi, xs[t], fr[16 * tg + t]);
