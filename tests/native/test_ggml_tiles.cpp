@@ -146,11 +146,12 @@ const Portable* portable(GgmlType t) {
 
 // The emulated loop nest reads the decoder through a plain function pointer: the type under test.
 const Portable* g_portable = nullptr;
-void portable_decode(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, int64_t ldc,
-                     float* s, float* o) {
+void portable_decode(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, float* s,
+                     float* o) {
   const Portable& p = *g_portable;
-  for (int64_t i = 0; i < 16; ++i)
-    for (int64_t e = 0; e < k; ++e) codes[i * ldc + e] = i < rows ? bf16_of_int(p.code(w + i * row_bytes, e)) : 0;
+  for (int64_t i = 0; i < 16; ++i)  // tile order: group G of row i at (G * 16 + i) * group
+    for (int64_t e = 0; e < k; ++e)
+      codes[((e / p.group) * 16 + i) * p.group + e % p.group] = i < rows ? bf16_of_int(p.code(w + i * row_bytes, e)) : 0;
   for (int64_t g = 0; g < k / p.group; ++g)
     for (int64_t i = 0; i < 16; ++i) {
       float sv = 0.f, ov = 0.f;
@@ -210,16 +211,15 @@ void test_type(const IsaKernels* vec512, const IsaKernels* tiles, GgmlType type,
   if (vec512) {
     const amx::GgmlTileRows* lib = amx::ggml_tile_rows(type);
     g_portable = &p;
-    const int64_t ldc = k + 32, ng = k / p.group;
+    const int64_t ng = k / p.group;
     bool same = lib && lib->group == p.group && lib->mins == p.mins;
     for (int64_t b = 0; same && b < (n + 15) / 16; ++b) {
       const int64_t rows = std::min<int64_t>(16, n - 16 * b);
-      std::vector<uint16_t> c0(size_t(16 * ldc), 7), c1(size_t(16 * ldc), 7);
+      std::vector<uint16_t> c0(size_t(16 * k), 7), c1(size_t(16 * k), 7);
       std::vector<float> s0(size_t(2 * ng * 16), 9.f), s1(size_t(2 * ng * 16), 9.f);
-      portable_decode(w + 16 * b * row_bytes, row_bytes, rows, k, c0.data(), ldc, s0.data(), s0.data() + ng * 16);
-      lib->decode(w + 16 * b * row_bytes, row_bytes, rows, k, c1.data(), ldc, s1.data(), s1.data() + ng * 16);
-      for (int64_t i = 0; i < 16; ++i)
-        same = same && !std::memcmp(&c0[size_t(i * ldc)], &c1[size_t(i * ldc)], size_t(k) * 2);
+      portable_decode(w + 16 * b * row_bytes, row_bytes, rows, k, c0.data(), s0.data(), s0.data() + ng * 16);
+      lib->decode(w + 16 * b * row_bytes, row_bytes, rows, k, c1.data(), s1.data(), s1.data() + ng * 16);
+      same = same && c0 == c1;
       same = same && !std::memcmp(s0.data(), s1.data(), size_t(ng * 16 * (p.mins ? 2 : 1)) * 4);
     }
     CHECK(same, what + ": the avx512 decoders write the portable codes and scales");
@@ -236,7 +236,7 @@ void test_type(const IsaKernels* vec512, const IsaKernels* tiles, GgmlType type,
       for (int64_t i = 0; i < n && exact; ++i) exact = c[size_t(r * n + i)] == wv[size_t(i * k + j0 + r)];
   }
   CHECK(exact, what + ": unit rows through the emulated tiles read the decoder's weights exactly");
-  for (int64_t m : {4, 17, 45}) {
+  for (int64_t m : {4, 10, 17, 45}) {
     std::vector<uint16_t> a(size_t(m * lda));
     for (auto& v : a) v = uint16_t(f32_bits(float(rng.gauss())) >> 16);
     const std::vector<float> c = emulated(t, w, row_bytes, n, k, a, lda, m);
@@ -252,7 +252,7 @@ void test_type(const IsaKernels* vec512, const IsaKernels* tiles, GgmlType type,
       }
     CHECK(worst <= 1.0, what + strf(" M=%lld: emulated sums within k*2^-23*sum|a*w| (worst %.3f of it)", (long long)m,
                                     worst));
-    if (tiles && m >= amx::prefill_min_rows()) {
+    if (tiles && m >= amx::ggml_prefill_min_rows()) {
       std::vector<float> real(size_t(m * n), -2.f);
       tiles->gemm_ggml(t, w, row_bytes, n, k, a.data(), lda, m, real.data(), n);
       CHECK(!std::memcmp(real.data(), c.data(), c.size() * 4), what + strf(" M=%lld: the real tiles give the "

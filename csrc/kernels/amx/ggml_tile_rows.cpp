@@ -71,7 +71,17 @@ inline float f16(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
-inline void store32(uint16_t* out, __m512i v) { _mm512_storeu_si512(out, v); }
+// 32 codes of a row from its input e (a multiple of 32) into the tile order (GgmlTileRows): codes points at the
+// row's slot of group 0, groups are 16 · kGroup codes apart.
+template <int kGroup>
+inline void put(uint16_t* codes, int64_t e, __m512i v) {
+  if constexpr (kGroup == 32) {
+    _mm512_storeu_si512(codes + (e / 32) * 16 * 32, v);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + (e / 16) * 16 * 16), _mm512_castsi512_si256(v));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + (e / 16 + 1) * 16 * 16), _mm512_extracti64x4_epi64(v, 1));
+  }
+}
 inline __m512i u8x32_words(const uint8_t* p) {
   return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -84,28 +94,28 @@ inline __m512i nibble_block(const uint8_t* qs, __m512i t) {
   return _mm512_permutexvar_epi16(idx, t);
 }
 
-// One row of each type: codes [k] and, per group G of the row, s[G] (and o[G]).
+// One row of each type: its codes (put) and, per group G of the row, s[G] (and o[G]).
 void row_q8_0(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
-  for (int64_t b = 0; b < k / kQK; ++b, row += sizeof(BlockQ8_0), codes += kQK) {
+  for (int64_t b = 0; b < k / kQK; ++b, row += sizeof(BlockQ8_0)) {
     s[b] = f16(row);
     const auto* q = reinterpret_cast<const __m128i*>(row + 2);
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-    store32(codes, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    put<32>(codes, 32 * b, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
 }
 
 template <int kBytes, Levels kLevels, bool kE8m0>
 void row_nibble32(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(levels<kLevels>());
-  for (int64_t b = 0; b < k / kQK; ++b, row += kBytes, codes += kQK) {
+  for (int64_t b = 0; b < k / kQK; ++b, row += kBytes) {
     if constexpr (kE8m0) {  // ggml_e8m0_to_fp32_half: 2^(e - 128), e = 0 and 1 as fp32 subnormals
       const uint32_t e = row[0], bits = e < 2 ? uint32_t(0x00200000u) << e : (e - 1) << 23;
       std::memcpy(&s[b], &bits, 4);
     } else {
       s[b] = f16(row);
     }
-    store32(codes, nibble_block(row + (kE8m0 ? 1 : 2), t));
+    put<32>(codes, 32 * b, nibble_block(row + (kE8m0 ? 1 : 2), t));
   }
 }
 
@@ -131,7 +141,7 @@ template <bool kFifthBit>
 void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
   constexpr int kBytes = kFifthBit ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   const __m512i t = table(tables().u5), nib = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += kBytes, codes += kQK_K, s += 8, o += 8) {
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += kBytes, s += 8, o += 8) {
     k_scales_mins(row, s, o);
     const uint8_t* qs = row + (kFifthBit ? 48 : 16);
     const __m512i h = kFifthBit ? u8x32_words(row + 16) : _mm512_setzero_si512();
@@ -142,8 +152,8 @@ void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, f
         lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * p), one), 4));
         hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * p + 1), one), 4));
       }
-      store32(codes + 64 * p, _mm512_permutexvar_epi16(lo, t));
-      store32(codes + 64 * p + 32, _mm512_permutexvar_epi16(hi, t));
+      put<32>(codes, 256 * sb + 64 * p, _mm512_permutexvar_epi16(lo, t));
+      put<32>(codes, 256 * sb + 64 * p + 32, _mm512_permutexvar_epi16(hi, t));
     }
   }
 }
@@ -152,7 +162,7 @@ void row_k_with_mins(const uint8_t* row, int64_t k, uint16_t* codes, float* s, f
 void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i lo_t = table(tables().s6), hi_t = table(tables().s6 + 32);
   const __m512i nib = _mm512_set1_epi16(15), two = _mm512_set1_epi16(3);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ6_K), codes += kQK_K, s += 16) {
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ6_K), s += 16) {
     const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 192)));
     _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(f16(row + 208)), _mm512_cvtepi32_ps(sc)));
     for (int h = 0; h < 2; ++h) {
@@ -163,7 +173,7 @@ void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
           const __m512i lo = sh ? _mm512_srli_epi16(ql, 4) : _mm512_and_si512(ql, nib);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * (2 * sh + u)), two);
           const __m512i idx = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-          store32(codes + 128 * h + 64 * sh + 32 * u, _mm512_permutex2var_epi16(lo_t, idx, hi_t));
+          put<16>(codes, 256 * sb + 128 * h + 64 * sh + 32 * u, _mm512_permutex2var_epi16(lo_t, idx, hi_t));
         }
       }
     }
@@ -174,7 +184,7 @@ void row_q6_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
 // o = -(dmin · (scales[g] >> 4)).
 void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o) {
   const __m512i t = table(tables().u5), three = _mm512_set1_epi16(3);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ2_K), codes += kQK_K, s += 16, o += 16) {
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ2_K), s += 16, o += 16) {
     const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)));
     const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4));
@@ -183,7 +193,8 @@ void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o
     for (int h = 0; h < 2; ++h) {
       const __m512i q = u8x32_words(row + 16 + 32 * h);
       for (int sh = 0; sh < 4; ++sh)
-        store32(codes + 128 * h + 32 * sh, _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 2 * sh), three), t));
+        put<16>(codes, 256 * sb + 128 * h + 32 * sh,
+                _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 2 * sh), three), t));
     }
   }
 }
@@ -192,7 +203,7 @@ void row_q2_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float* o
 // group g: s = d · (6-bit scale - 32) (low 4 bits from scales[g % 8] >> 4 (g / 8), high 2 from scales[8 + g % 4]).
 void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(tables().q3), three = _mm512_set1_epi16(3), one = _mm512_set1_epi16(1);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ3_K), codes += kQK_K, s += 16) {
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockQ3_K), s += 16) {
     // lane g: (bytes[g % 8] >> 4 (g / 8)) & 15 | ((bytes[8 + g % 4] >> 2 (g / 4)) & 3) << 4, minus 32
     const __m128i bytes = _mm_maskz_loadu_epi8(0x0FFF, row + 96);  // the 12 scale bytes (d follows: not read)
     const __m512i lo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7)));
@@ -208,7 +219,7 @@ void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
       for (int sh = 0; sh < 4; ++sh) {
         const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(q, 2 * sh), three);
         const __m512i hb = _mm512_and_si512(_mm512_srli_epi16(hm, 4 * h + sh), one);
-        store32(codes + 128 * h + 32 * sh, _mm512_permutexvar_epi16(_mm512_or_si512(lo, _mm512_slli_epi16(hb, 2)), t));
+        put<16>(codes, 256 * sb + 128 * h + 32 * sh, _mm512_permutexvar_epi16(_mm512_or_si512(lo, _mm512_slli_epi16(hb, 2)), t));
       }
     }
   }
@@ -217,7 +228,7 @@ void row_q3_K(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) 
 void row_iq4_xs(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*) {
   const __m512i t = table(tables().iq4);
   const __m256i shift_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shift_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), codes += kQK_K, s += 8) {
+  for (int64_t sb = 0; sb < k / kQK_K; ++sb, row += sizeof(BlockIQ4_XS), s += 8) {
     uint16_t scales_h;  // ls_j = nibble j of the 4 bytes scales_l | bits 2j..2j+1 of scales_h << 4
     uint32_t scales_l;
     std::memcpy(&scales_h, row + 2, 2);
@@ -226,7 +237,7 @@ void row_iq4_xs(const uint8_t* row, int64_t k, uint16_t* codes, float* s, float*
     const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(scales_h), shift_h), _mm256_set1_epi32(3));
     const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
     _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(f16(row)), _mm256_cvtepi32_ps(ls)));
-    for (int j = 0; j < 8; ++j) store32(codes + 32 * j, nibble_block(row + 8 + 16 * j, t));
+    for (int j = 0; j < 8; ++j) put<32>(codes, 256 * sb + 32 * j, nibble_block(row + 8 + 16 * j, t));
   }
 }
 
@@ -234,15 +245,14 @@ using RowFn = void (*)(const uint8_t* row, int64_t k, uint16_t* codes, float* s,
 
 // GgmlTileRows::decode from a row function: rows past `rows` get zero codes, scales and offsets.
 template <RowFn kRow, int kGroup, bool kMins>
-void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, int64_t ldc, float* s,
-                 float* o) {
+void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, float* s, float* o) {
   const int64_t ngroups = k / kGroup;
   for (int64_t i = 0; i < 16; ++i) {
     if (i < rows) {
-      kRow(w + i * row_bytes, k, codes + i * ldc, s + i * ngroups, o + i * ngroups);
+      kRow(w + i * row_bytes, k, codes + i * kGroup, s + i * ngroups, o + i * ngroups);
       continue;
     }
-    std::memset(codes + i * ldc, 0, size_t(k) * 2);
+    for (int64_t g = 0; g < ngroups; ++g) std::memset(codes + (g * 16 + i) * kGroup, 0, kGroup * 2);
     std::memset(s + i * ngroups, 0, size_t(ngroups) * 4);
     if (kMins) std::memset(o + i * ngroups, 0, size_t(ngroups) * 4);
   }

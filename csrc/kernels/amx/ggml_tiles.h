@@ -16,7 +16,7 @@
 // activation row reads gguf's weight back exactly (one nonzero product: f = round(round(s·q) - m)); random
 // rows give fp32 sums within summation's bound (their bits differ from avx512's FMA chains). Each output
 // depends only on its weight row and its token row: the same bits for any split of n or m.
-// Loop nest: per pair of blocks (the last alone), decode both (L2: 2 x 16 x (k + 32) bf16), then per group
+// Loop nest: per pair of blocks (the last alone), decode both (L2: 2 x 16 x k bf16, in tile order), then per group
 // G the 2 x 2 (or fewer) C tiles, stored and folded into f by the epilogue; a 16 x 16 transpose writes c.
 #pragma once
 #include <algorithm>
@@ -31,14 +31,15 @@
 namespace ktmoe {
 namespace amx {
 
-// How one GGML type's rows become A tiles. decode(w, row_bytes, rows, k, codes, ldc, s, o): rows (<= 16)
-// rows of w, row_bytes apart, k inputs each -> codes [16][ldc] bf16 (rows >= `rows` zero) and per k-group G
-// s[i * (k / group) + G] (and, with mins, o[i * (k / group) + G]; both 0 for rows >= `rows`).
+// How one GGML type's rows become A tiles. decode(w, row_bytes, rows, k, codes, s, o): rows (<= 16) rows of
+// w, row_bytes apart, k inputs each -> codes in tile order, [k / group][16][group] bf16 (group G of row i at
+// codes + (G · 16 + i) · group: each step's A tile is one contiguous 16 x group block; rows >= `rows` zero), and
+// per k-group G s[i · (k / group) + G] (and, with mins, o[i · (k / group) + G]; both 0 for rows >= `rows`).
 struct GgmlTileRows {
   int group;  // inputs per scale: 32, or 16
   bool mins;  // the value is s·q + o per group
-  void (*decode)(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, int64_t ldc,
-                 float* s, float* o);
+  void (*decode)(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t k, uint16_t* codes, float* s,
+                 float* o);
 };
 // The AVX-512 decoder of a type that runs on tiles (ggml_tile_rows.cpp), else nullptr. Call only where the
 // CPU runs avx512.
@@ -83,8 +84,8 @@ struct GgmlTileGemm {
   struct Call {
     const GgmlTileRows& type;
     const ActivationTiles& x;
-    int64_t k, ngroups, ldcodes, m, n;
-    const uint16_t* codes;  // [2][16][ldcodes]
+    int64_t k, ngroups, m, n;
+    const uint16_t* codes;  // per block [ngroups][16][group]
     const float* scales;    // per block: s [16][ngroups], then o [16][ngroups]
     float* c;
     int64_t ldc;
@@ -95,10 +96,10 @@ struct GgmlTileGemm {
                   const ActivationTiles& x, int64_t m, float* c, int64_t ldc) {
     static thread_local std::vector<uint16_t> codes;
     static thread_local std::vector<float> scales;
-    const int64_t ngroups = k / type.group, ldcodes = k + 32;  // rows not 4 KiB apart (L1 sets)
-    codes.resize(size_t(2 * 16 * ldcodes));
+    const int64_t ngroups = k / type.group;
+    codes.resize(size_t(2 * 16 * k));
     scales.resize(size_t(2 * 2 * ngroups * 16));
-    Call call{type, x, k, ngroups, ldcodes, m, n, codes.data(), scales.data(), c, ldc};
+    Call call{type, x, k, ngroups, m, n, codes.data(), scales.data(), c, ldc};
     T::configure(gemm_tile_config(2 * type.group, type.group / 2));
     const int64_t blocks = (n + 15) / 16;
     for (int64_t b = 0; b < blocks; b += 2) {
@@ -106,7 +107,7 @@ struct GgmlTileGemm {
       for (int j = 0; j < nb; ++j) {
         float* s = scales.data() + j * 2 * ngroups * 16;
         type.decode(w + 16 * (b + j) * row_bytes, row_bytes, std::min<int64_t>(16, n - 16 * (b + j)), k,
-                    codes.data() + j * 16 * ldcodes, ldcodes, s, s + ngroups * 16);
+                    codes.data() + j * 16 * k, s, s + ngroups * 16);
       }
       if (nb == 2) x.ntg == 2 ? block_pair<2, 2>(call, b) : block_pair<2, 1>(call, b);
       else x.ntg == 2 ? block_pair<1, 2>(call, b) : block_pair<1, 1>(call, b);
@@ -117,29 +118,34 @@ struct GgmlTileGemm {
   // Blocks [b, b + NB) x token groups [0, NT): every group's tiles and epilogue, then c.
   template <int NB, int NT>
   static void block_pair(const Call& k, int64_t b) {
-    alignas(64) float cbuf[32 * 32];  // C as stored: [16 NB weight rows][32] (token t of group j at 16 j + t)
-    alignas(64) float f[32 * 32];     // the sum over groups, same layout
+    // C as stored: [16 NB weight rows][32] (token t of group j at 16 j + t), two buffers: group g's tiles are
+    // stored to one while the epilogue of group g - 1 reads the other, so the vector epilogue overlaps the tiles'
+    // work instead of waiting for the store it has just issued.
+    alignas(64) float cbuf[2][32 * 32];
+    alignas(64) float f[32 * 32];  // the sum over groups, same layout
     const int group = k.type.group;
-    const int64_t a_bytes = k.ldcodes * 2, b_step = (group / 2) * 64;
+    const int64_t a_bytes = 2 * group, a_step = 16 * group, b_step = (group / 2) * 64;
     for (int64_t g = 0; g < k.ngroups; ++g) {
       T::template zero<tile_c(0, 0)>();
       if constexpr (NT == 2) T::template zero<tile_c(0, 1)>();
       if constexpr (NB == 2) T::template zero<tile_c(1, 0)>();
       if constexpr (NB == 2 && NT == 2) T::template zero<tile_c(1, 1)>();
-      T::template load<tile_a(0)>(k.codes + g * group, a_bytes);
-      if constexpr (NB == 2) T::template load<tile_a(1)>(k.codes + 16 * k.ldcodes + g * group, a_bytes);
+      T::template load<tile_a(0)>(k.codes + g * a_step, a_bytes);
+      if constexpr (NB == 2) T::template load<tile_a(1)>(k.codes + 16 * k.k + g * a_step, a_bytes);
       T::template load<tile_b(0)>(k.x.pairs + g * b_step, 64);
       if constexpr (NT == 2) T::template load<tile_b(1)>(k.x.pairs + k.x.tg_bytes + g * b_step, 64);
       T::template dpbf16ps<tile_c(0, 0), tile_a(0), tile_b(0)>();
       if constexpr (NT == 2) T::template dpbf16ps<tile_c(0, 1), tile_a(0), tile_b(1)>();
       if constexpr (NB == 2) T::template dpbf16ps<tile_c(1, 0), tile_a(1), tile_b(0)>();
       if constexpr (NB == 2 && NT == 2) T::template dpbf16ps<tile_c(1, 1), tile_a(1), tile_b(1)>();
-      T::template store<tile_c(0, 0)>(cbuf, 128);
-      if constexpr (NT == 2) T::template store<tile_c(0, 1)>(cbuf + 16, 128);
-      if constexpr (NB == 2) T::template store<tile_c(1, 0)>(cbuf + 16 * 32, 128);
-      if constexpr (NB == 2 && NT == 2) T::template store<tile_c(1, 1)>(cbuf + 16 * 32 + 16, 128);
-      epilogue<NB, NT>(k, cbuf, f, g);
+      float* cb = cbuf[g & 1];
+      T::template store<tile_c(0, 0)>(cb, 128);
+      if constexpr (NT == 2) T::template store<tile_c(0, 1)>(cb + 16, 128);
+      if constexpr (NB == 2) T::template store<tile_c(1, 0)>(cb + 16 * 32, 128);
+      if constexpr (NB == 2 && NT == 2) T::template store<tile_c(1, 1)>(cb + 16 * 32 + 16, 128);
+      if (g > 0) epilogue<NB, NT>(k, cbuf[(g - 1) & 1], f, g - 1);
     }
+    epilogue<NB, NT>(k, cbuf[(k.ngroups - 1) & 1], f, k.ngroups - 1);
     for (int64_t t = 0; t < k.m; ++t)  // c[t][16 b + i] = f[i][t]
       for (int j = 0; j < NB; ++j) {
         const int rows = int(std::min<int64_t>(16, k.n - 16 * (b + j)));

@@ -41,5 +41,15 @@ inline int64_t fp8_prefill_min_rows() {
   return prefill_min_rows() > kFp8PrefillMinRows ? prefill_min_rows() : kFp8PrefillMinRows;
 }
 
+// GGML rows (gemm_ggml_amx.cpp) go on tiles from 10 rows (or prefill_min_rows(), if more): a call decodes every
+// weight row it covers into tile codes and ends each k-group in an epilogue, whatever its row count, while the
+// avx512 code kernels cost in proportion to the rows. Reference layer with every expert given exactly r rows,
+// 2 Xeon threads, avx512 ms / amx ms at r = 4, 6, 8, 10, 12, 16: q4_K 0.52, 0.72, 0.83, 1.09, 1.28, 1.61; q6_K
+// 0.46, 0.71, 0.82, 1.14, 1.22, 1.67; q8_0 0.45, 0.70, 0.81, 1.07, 1.16, 1.46 (benchmarks/micro/bench_ggml_rows.py).
+constexpr int64_t kGgmlPrefillMinRows = 10;
+inline int64_t ggml_prefill_min_rows() {
+  return prefill_min_rows() > kGgmlPrefillMinRows ? prefill_min_rows() : kGgmlPrefillMinRows;
+}
+
 }  // namespace amx
 }  // namespace ktmoe
