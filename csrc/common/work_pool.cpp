@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -26,7 +27,14 @@ namespace ktmoe {
 namespace {
 
 using Body = std::function<void(int64_t, int64_t)>;
-constexpr int64_t kSpinNs = 50'000;  // spin before blocking: covers the gap between two phases of a step
+// Spin before blocking: covers the gap between two phases of a step. KTMOE_POOL_SPIN_US sets it for tuning runs.
+int64_t spin_ns() {
+  static const int64_t ns = [] {
+    const char* env = std::getenv("KTMOE_POOL_SPIN_US");
+    return env ? int64_t(std::strtoll(env, nullptr, 10)) * 1000 : int64_t(50'000);
+  }();
+  return ns;
+}
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
@@ -40,9 +48,9 @@ int64_t now_ns() {
       .count();
 }
 
-// Spins (pause) until word != value or kSpinNs pass; true when it changed.
+// Spins (pause) until word != value or spin_ns() pass; true when it changed.
 bool spin_until_changed(const std::atomic<uint32_t>& word, uint32_t value) {
-  const int64_t deadline = now_ns() + kSpinNs;
+  const int64_t deadline = now_ns() + spin_ns();
   for (int i = 0;; ++i) {
     if (word.load(std::memory_order_acquire) != value) return true;
     __builtin_ia32_pause();
@@ -124,7 +132,7 @@ class Pool {
   void wait_done(uint32_t chunks) {
     uint32_t d = done_.load(std::memory_order_acquire);
     if (d == chunks) return;
-    const int64_t deadline = now_ns() + kSpinNs;
+    const int64_t deadline = now_ns() + spin_ns();
     for (int i = 0; d != chunks; ++i, d = done_.load(std::memory_order_acquire)) {
       __builtin_ia32_pause();
       if ((i & 63) == 63 && now_ns() > deadline) break;

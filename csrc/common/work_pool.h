@@ -13,7 +13,7 @@
 //     no chunk left and goes back to sleep);
 //   * hands out chunks from one shared counter (dynamic): a descheduled thread's share is taken by the
 //     threads that run;
-//   * waits with a bounded spin (kSpinNs, ~the gap between two phases of a decode step), then blocks on a
+//   * waits with a bounded spin (50 µs, ~the gap between two phases of a decode step), then blocks on a
 //     futex, in the workers (for the next job) and in the caller (for the last chunks).
 // Results do not depend on which thread ran a chunk: callers write disjoint outputs per chunk, so the
 // bits are the same for any thread count and schedule (reductions stay inside one chunk, in a fixed order).
