@@ -145,3 +145,42 @@ def test_info_reports_threads():
     text = "\n".join(thread_lines())
     assert "threads" in text and "OMP_WAIT_POLICY" in text
     assert torch_ktmoe.threads.op_threads() >= 1
+
+
+# Many short jobs whose chunk counts alternate (a linear with 1 and 40 rows, 256 and 4096 outputs), on more
+# threads than cores beside busy processes: workers arrive late, into the next job. Every output must match
+# the one-thread result.
+STRESS = r"""
+import torch
+from torch_ktmoe import _C
+torch.manual_seed(0)
+cases = []
+for n in (256, 4096):
+    packed = torch.ops.ktmoe.pack_linear(torch.randn(n, 512).to(torch.bfloat16))
+    for m in (1, 40):
+        cases.append((torch.randn(m, 512).to(torch.bfloat16), packed, n))
+ref = torch.load(__import__("sys").argv[1]) if len(__import__("sys").argv) > 2 else None
+outs = [torch.ops.ktmoe.linear(x, p, n, None) for x, p, n in cases]
+if ref is None:
+    torch.save(outs, __import__("sys").argv[1])
+else:
+    for i in range(3000):
+        x, p, n = cases[i % 4]
+        assert torch.equal(torch.ops.ktmoe.linear(x, p, n, None), ref[i % 4]), i
+    print("ok", _C.op_threads())
+"""
+
+
+def test_many_short_jobs_with_late_workers(tmp_path):
+    ref = tmp_path / "ref.pt"
+    r = run_python(STRESS, [ref], env={"KTMOE_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        r = run_python(STRESS, [ref, "check"], env={"KTMOE_NUM_THREADS": "4", "KTMOE_POOL_SPIN_US": "0"})
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "4"]

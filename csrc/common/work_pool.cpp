@@ -1,11 +1,12 @@
 // [NOTE] The work pool (see work_pool.h): one job published through one atomic word, chunks claimed from it,
 // futex waits after a bounded spin, fork handling.
 //
-// state_ = (generation << 32) | next chunk. A job's fields (body, n, grain, chunks, workers) are written
-// before its generation is published and rewritten only after every chunk of it was claimed and finished;
-// a thread reads them, then claims a chunk with a compare-exchange that also checks the generation, so a
-// late worker holding a finished job's fields claims nothing. done_ counts finished chunks (the caller's
-// futex word); wake_ is bumped once per job (the workers' futex word).
+// state_ = generation (20 bits) | chunks (22 bits) | next chunk (22 bits), one word, so that a claim checks
+// the generation and the chunk count of the same job: a late worker whose job has ended claims nothing,
+// even while the caller is writing the next job's fields. A job's fields (body, n, grain, workers) are
+// written before its state is published and rewritten only after every chunk of it was claimed and
+// finished, so a thread that claims a chunk of its generation has read that job's fields. done_ counts
+// finished chunks (the caller's futex word); wake_ is bumped once per job (the workers' futex word).
 #include "common/work_pool.h"
 
 #include <linux/futex.h>
@@ -58,6 +59,12 @@ bool spin_until_changed(const std::atomic<uint32_t>& word, uint32_t value) {
   }
 }
 
+constexpr int kIdxBits = 22, kChunkBits = 22;
+constexpr uint64_t kMaxChunks = (uint64_t(1) << kChunkBits) - 1;
+uint32_t gen_of(uint64_t s) { return uint32_t(s >> (kIdxBits + kChunkBits)); }
+uint64_t chunks_of(uint64_t s) { return (s >> kIdxBits) & kMaxChunks; }
+uint64_t idx_of(uint64_t s) { return s & ((uint64_t(1) << kIdxBits) - 1); }
+
 thread_local bool t_in_job = false;  // this thread runs a chunk (or a job's caller loop): nested calls run inline
 
 class Pool {
@@ -75,17 +82,18 @@ class Pool {
   void run(int threads, int64_t n, int64_t grain, const Body& body) {
     std::lock_guard<std::mutex> lock(submit_);
     start_workers(threads - 1);
+    grain = std::max<int64_t>(grain, (n + int64_t(kMaxChunks) - 1) / int64_t(kMaxChunks));
     const uint32_t chunks = uint32_t((n + grain - 1) / grain);
     body_.store(&body, std::memory_order_relaxed);
     n_.store(n, std::memory_order_relaxed);
     grain_.store(grain, std::memory_order_relaxed);
-    chunks_.store(chunks, std::memory_order_relaxed);
     workers_.store(threads - 1, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     caller_sleeps_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
-    const uint32_t gen = uint32_t(state_.load(std::memory_order_relaxed) >> 32) + 1;
-    state_.store(uint64_t(gen) << 32, std::memory_order_release);
+    const uint32_t gen = (gen_of(state_.load(std::memory_order_relaxed)) + 1) & ((1u << 20) - 1);
+    state_.store((uint64_t(gen) << (kIdxBits + kChunkBits)) | (uint64_t(chunks) << kIdxBits),
+                 std::memory_order_release);
     wake_.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake(&wake_, INT_MAX);
     work(gen);
@@ -107,14 +115,14 @@ class Pool {
 
   // Claims and runs chunks of job `gen` until none is left (or gen is no longer the job).
   void work(uint32_t gen) {
+    uint64_t s = state_.load(std::memory_order_acquire);
     const Body* body = body_.load(std::memory_order_relaxed);
     const int64_t n = n_.load(std::memory_order_relaxed), grain = grain_.load(std::memory_order_relaxed);
-    const uint32_t chunks = chunks_.load(std::memory_order_relaxed);
-    uint64_t s = state_.load(std::memory_order_acquire);
     t_in_job = true;
-    while (uint32_t(s >> 32) == gen && uint32_t(s) < chunks) {
+    while (gen_of(s) == gen && idx_of(s) < chunks_of(s)) {
       if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-      const int64_t begin = int64_t(uint32_t(s)) * grain;
+      const uint32_t chunks = uint32_t(chunks_of(s));
+      const int64_t begin = int64_t(idx_of(s)) * grain;
       try {
         (*body)(begin, std::min(n, begin + grain));
       } catch (...) {
@@ -152,7 +160,7 @@ class Pool {
       }
       seen = wake_.load(std::memory_order_acquire);
       const uint64_t s = state_.load(std::memory_order_acquire);
-      if (index < workers_.load(std::memory_order_relaxed)) work(uint32_t(s >> 32));
+      if (index < workers_.load(std::memory_order_relaxed)) work(gen_of(s));
     }
   }
 
@@ -166,7 +174,7 @@ class Pool {
 
   std::mutex submit_;                  // one job at a time
   std::atomic<int> started_{0};        // workers started (indices 0 .. started_ - 1)
-  std::atomic<uint64_t> state_{0};     // generation << 32 | next chunk
+  std::atomic<uint64_t> state_{0};     // generation | chunks | next chunk (see [NOTE])
   std::atomic<uint32_t> wake_{0};      // bumped per job: the workers' futex word
   std::atomic<uint32_t> done_{0};      // chunks finished: the caller's futex word
   std::atomic<uint32_t> caller_sleeps_{0};
@@ -174,7 +182,6 @@ class Pool {
   // the job (see [NOTE] for when these may be read)
   std::atomic<const Body*> body_{nullptr};
   std::atomic<int64_t> n_{0}, grain_{1};
-  std::atomic<uint32_t> chunks_{0};
   std::atomic<int> workers_{0};        // workers with index < workers_ join the job
   std::mutex error_mutex_;
   std::exception_ptr error_;
