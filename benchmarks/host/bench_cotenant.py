@@ -17,8 +17,8 @@ Conditions: quiet, and beside 1 and 2 busy processes (``yes > /dev/null``) per c
 visits every condition, and within a condition every subject of every variant, in alternating order.
 A variant is a tree to import torch_ktmoe from plus environment, ``--variant NAME=PATH[,VAR=VALUE...]``
 (default: this tree as ``after``); e.g. ``--variant before=/tmp/main-tree`` times main's code in the same
-session. The table gives, per subject and condition, the minimum and median over the rounds, and each
-as a fraction of the same subject's quiet median (speed, so 0.5x = half as fast).
+session. The table gives, per subject and condition, the worst and the median run, and the speed against
+quiet paired by round (busy run / quiet run of the same round: 0.5x = half as fast), worst and median.
 
     python -m benchmarks.host.bench_cotenant --rounds 5 \\
         --variant before=/tmp/main-tree --variant after=. --variant after-passive=.,OMP_WAIT_POLICY=PASSIVE
@@ -159,19 +159,22 @@ def main(argv=None) -> int:
 
 
 def print_table(results, conditions, pairs):
-    """Per (variant, subject): per condition min / median, in the subject's unit, and as speed x quiet median."""
-    head = " | ".join(f"busy {c * pairs}: min / median (x quiet, worst / median)" for c in conditions)
+    """Per (variant, subject) and condition: the worst and the median run in the subject's unit (ms or tok/s);
+    then its speed against quiet, paired by round (the run beside busy processes over the quiet run of the
+    same round, so that a slow drift of the host's own load cancels), worst / median over the rounds."""
+    head = " | ".join(f"busy {c * pairs}: worst / median (x quiet, worst / median)" for c in conditions)
     print(f"\n| variant | subject | unit | {head} |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in conditions) + " |")
     for (name, subject), by_c in results.items():
         tok_s = subject.startswith("demo")
-        quiet = statistics.median(by_c[conditions[0]])
+        quiet = by_c[conditions[0]]
         cells = []
         for c in conditions:
             v = by_c[c]
-            worst, med = (min(v), statistics.median(v)) if tok_s else (max(v), statistics.median(v))
-            speed = (lambda x: x / quiet) if tok_s else (lambda x: quiet / x)
-            cells.append(f"{worst:.3g} / {med:.3g} ({speed(worst):.2f}x / {speed(med):.2f}x)")
+            worst = min(v) if tok_s else max(v)
+            speed = [x / q if tok_s else q / x for x, q in zip(v, quiet)]
+            cells.append(f"{worst:.3g} / {statistics.median(v):.3g} "
+                         f"({min(speed):.2f}x / {statistics.median(speed):.2f}x)")
         print(f"| {name} | {subject} | {'tok/s' if tok_s else 'ms'} | " + " | ".join(cells) + " |")
     print("\nraw: " + repr({f"{k[0]}:{k[1]}": v for k, v in results.items()}))
 
