@@ -184,3 +184,26 @@ def test_many_short_jobs_with_late_workers(tmp_path):
             p.wait()
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok", "4"]
+
+
+def test_launchers_start_their_processes_with_passive_waits(monkeypatch):
+    import runpy
+    import subprocess as sp
+
+    import torch_ktmoe.cli as cli
+    import torch_ktmoe.sglang.__main__ as launcher
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")  # records the original state, restored after the test
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    seen = {}
+    monkeypatch.setattr(sp, "call", lambda cmd, env: seen.setdefault("demo", env["OMP_WAIT_POLICY"]) and 0)
+    assert cli.main(["demo", "--tokens", "2"]) == 0
+    monkeypatch.setattr(launcher, "install_wrapper", lambda: None)
+    monkeypatch.setattr(runpy, "run_module", lambda *a, **k: seen.setdefault("sglang", os.environ["OMP_WAIT_POLICY"]))
+    launcher.main(["--model-path", "m"])
+    assert seen == {"demo": "PASSIVE", "sglang": "PASSIVE"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a policy the user set wins
+    from torch_ktmoe.threads import passive_env
+
+    assert passive_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert passive_env({})["OMP_WAIT_POLICY"] == "PASSIVE"
