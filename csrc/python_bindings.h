@@ -20,6 +20,7 @@ void bind_cache(pybind11::module_& m, PyArenaClass& arena);    // the persistent
 void bind_inspection(pybind11::module_& m);                    // inspect_cache_file, cache_dir_problem
 void bind_packing(pybind11::module_& m);                       // packed sizes
 void bind_isa(pybind11::module_& m);                           // ISA selection, NUMA node count
+void bind_threads(pybind11::module_& m);                       // the forward ops' threads (op_threads.h)
 void bind_weight_formats(pybind11::module_& m);                // the weight format table: weight_formats(), layout version
 
 }  // namespace ktmoe

@@ -15,5 +15,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   ktmoe::bind_inspection(m);
   ktmoe::bind_packing(m);
   ktmoe::bind_isa(m);
+  ktmoe::bind_threads(m);
   ktmoe::bind_weight_formats(m);
 }

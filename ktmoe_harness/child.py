@@ -18,8 +18,11 @@ import sys
 
 
 def python_env(extra=None) -> dict:
-    """This environment with PYTHONPATH = this sys.path, plus the variables in `extra`."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
+    """This environment with PYTHONPATH = this sys.path and OMP_WAIT_POLICY=PASSIVE unless it sets one (torch's
+    OpenMP threads then sleep while they wait: docs/threads.md), plus the variables in `extra`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
 
 
 def run_python(code, args=(), timeout=300, env=None) -> subprocess.CompletedProcess:

@@ -29,6 +29,7 @@ def run_mode(args) -> int:
     import torch
 
     import torch_ktmoe
+    from torch_ktmoe.threads import spinning_waits
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,7 +51,7 @@ def run_mode(args) -> int:
             "anon_rss": mem["anon_rss_bytes"], "file_rss": mem["file_rss_bytes"],
             "swap": mem["swap_bytes"], "arena_fallbacks": mem["arena_fallbacks"],
             "tokens": tokens, "logits": logits.flatten().tolist(), "isa": torch_ktmoe.active_isa(),
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "spinning_waits": spinning_waits(),
         }
         with open(args.result, "w") as f:
             json.dump(result, f)
@@ -90,6 +91,9 @@ def print_comparison(args, a, f) -> bool:
           f"decode speed file/anon: {f['decode_tok_s'] / a['decode_tok_s']:.2f}; "
           f"anonymous RSS saved: {_fmt_bytes(a['anon_rss'] - f['anon_rss'])}")
     print(f"tokens: {f['tokens'][:16]}{' ...' if len(f['tokens']) > 16 else ''}")
+    if a["spinning_waits"] or f["spinning_waits"]:
+        print("note: torch's OpenMP threads spin-waited (OMP_WAIT_POLICY is set, not PASSIVE): on shared cores "
+              "decode slows far below its share (docs/threads.md)")
     return same_tokens and same_logits
 
 

@@ -54,7 +54,6 @@
 #include "kernels/moe_driver.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -305,17 +304,15 @@ std::vector<Item> make_items(const std::vector<int64_t>& active, const std::vect
   return items;
 }
 
-// Runs item(i) for i < n on the threads of one parallel_for, which take items
-// from a shared counter (dynamic): a thread that starts late or is descheduled
-// (noisy VMs) takes fewer items instead of holding up the others. Items write
-// disjoint outputs and do not depend on who runs them, so the bits are the same.
+// Runs item(i) for i < n, one item per chunk of parallel_for: the work pool hands
+// them out from a shared counter (dynamic), so a thread that starts late or is
+// descheduled (noisy VMs, co-tenants) takes fewer items instead of holding up the
+// others. Items write disjoint outputs and do not depend on who runs them, so the
+// bits are the same.
 template <class F>
 void for_each_item(const ParallelFor& parallel_for, int64_t n, const F& item) {
-  std::atomic<int64_t> next{0};
-  parallel_for(n, 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      item(i);
+  parallel_for(n, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) item(i);
   });
 }
 

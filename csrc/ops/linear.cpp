@@ -24,24 +24,23 @@
 //            ~kDecodeItemBytes of weights (the MoE driver's decode item size); prefill into panels
 //            of ~kPanelBytes (read from memory once and from L2 by every row tile of kTokenTile
 //            rows), and the rows into chunks when there are fewer panels than threads. The
-//            threads take items from a shared counter: a thread that starts late or is
-//            descheduled (a loaded host) takes fewer, instead of holding up the call with a
-//            fixed share.
+//            work pool's threads (ops/op_threads.h) take items from a shared counter: a thread
+//            that starts late or is descheduled (a loaded host) takes fewer, instead of holding
+//            up the call with a fixed share.
 //   epilogue per gemm call (kCallBlocks blocks x up to kTokenTile rows, a 32 KiB fp32 stack
 //            tile): + bias, then written to out in its dtype (bf16 / fp16 rounded to nearest).
 // The gemm's bits depend neither on the block split nor on M (isa_kernels.h), so out is the
 // same for any thread count.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "kernels/pack.h"
 #include "kernels/packed_header_check.h"
 #include "ops/isa_dispatch.h"
+#include "ops/op_threads.h"
 #include "ops/ops.h"
 #include "ops/pack_each_expert.h"
 #include "ops/weight_bytes.h"
@@ -85,10 +84,11 @@ std::string first_non_finite(const at::Tensor& dense, int64_t n0) {
 }
 
 // x [M, K] contiguous -> bf16 rows a [M, ld], zero in [K, kp).
-void to_bf16_rows(const IsaKernels& isa, const at::Tensor& x, int64_t kp, int64_t ld, uint16_t* a) {
+void to_bf16_rows(const IsaKernels& isa, const ParallelFor& parallel_for, const at::Tensor& x, int64_t kp,
+                  int64_t ld, uint16_t* a) {
   const int64_t M = x.size(0), K = x.size(1);
   const at::ScalarType xt = x.scalar_type();
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
     std::vector<float> widened(xt == at::kHalf ? size_t(K) : 0);
     for (int64_t m = m0; m < m1; ++m) {
       uint16_t* dst = a + m * ld;
@@ -222,18 +222,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_f
   const at::Tensor x2 = x.reshape({M, K}).contiguous();
   at::Tensor rows = at::empty({M, ld}, x.options().dtype(at::kBFloat16));
   uint16_t* a = static_cast<uint16_t*>(rows.data_ptr());
-  to_bf16_rows(isa, x2, kp, ld, a);
+  const int threads = op_threads();
+  const ParallelFor parallel_for = pool_loop(threads);
+  to_bf16_rows(isa, parallel_for, x2, kp, ld, a);
   at::Tensor out2 = out.view({M, N});
   // dispatch
   const float* bias_f32 = b.defined() ? b.const_data_ptr<float>() : nullptr;
   const std::vector<Item> items =
-      make_items(M, h.np / kBlockN, block_data_bytes(WeightFormat::kBF16, kp), at::get_num_threads());
+      make_items(M, h.np / kBlockN, block_data_bytes(WeightFormat::kBF16, kp), threads);
   const int64_t n_items = int64_t(items.size());
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, n_items, 1, [&](int64_t, int64_t) {
+  parallel_for(n_items, 1, [&](int64_t i0, int64_t i1) {  // items taken one at a time, dynamically
     alignas(64) float tile[kTokenTile * kCallBlocks * kBlockN];
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n_items;
-         i = next.fetch_add(1, std::memory_order_relaxed)) {
+    for (int64_t i = i0; i < i1; ++i) {
       const Item& it = items[size_t(i)];
       for (int64_t r0 = it.r0; r0 < it.r1; r0 += kTokenTile) {
         const int64_t m = std::min(kTokenTile, it.r1 - r0);

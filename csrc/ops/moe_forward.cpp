@@ -19,9 +19,8 @@
 // rows, each of its own decodable type, kernels/ggml/ggml_types.h), bf16 activation rows, the driver's
 // gemm_ggml entry; its checks name the tensor and the type.
 // Order: checks -> shapes -> scratch (normalised inputs, output) -> dispatch to
-// the torch-free driver with the active ISA's micro-kernels and ATen's pool.
+// the torch-free driver with the active ISA's micro-kernels and the work pool (ops/op_threads.h).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <functional>
@@ -34,6 +33,7 @@
 #include "ops/expert_reads.h"
 #include "ops/ggml_type.h"
 #include "ops/isa_dispatch.h"
+#include "ops/op_threads.h"
 #include "ops/ops.h"
 #include "ops/packed_weight_check.h"
 #include "ops/weight_format.h"
@@ -92,7 +92,7 @@ void check_routing_inputs(const char* op, const at::Tensor& hidden_states, const
 
 // What both ops hand the driver once their weights are checked: the activation, the biases, then (for a
 // call with work) the normalised inputs, the id range check, `set_weights` (the op's experts into p, after
-// the ids are known), and the dispatch to the active ISA on ATen's pool.
+// the ids are known), and the dispatch to the active ISA on the work pool.
 at::Tensor run_forward(const at::Tensor& hidden_states, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                        int64_t experts, int64_t inter, const c10::optional<at::Tensor>& w13_bias,
                        const c10::optional<at::Tensor>& w2_bias, c10::string_view activation,
@@ -128,11 +128,9 @@ at::Tensor run_forward(const at::Tensor& hidden_states, const at::Tensor& topk_i
   p.act = act;
   p.w13_bias = b13.defined() ? b13.data_ptr<float>() : nullptr;
   p.w2_bias = b2.defined() ? b2.data_ptr<float>() : nullptr;
-  p.threads = at::get_num_threads();
+  p.threads = op_threads();
   set_weights(p, ids);
-  moe_forward(p, active_isa(), [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(0, n, grain, body);
-  });
+  moe_forward(p, active_isa(), pool_loop(int(p.threads)));
   return out;
 }
 

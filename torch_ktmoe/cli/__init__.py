@@ -17,12 +17,14 @@ def cmd_info(args) -> int:
 
     import torch_ktmoe
     from torch_ktmoe import _C
+    from torch_ktmoe.threads import thread_lines
 
     print(f"torch_ktmoe {torch_ktmoe.__version__}")
     print(f"torch       {torch.__version__}")
     print(f"ISA         {torch_ktmoe.active_isa()} (auto would pick {_C.default_isa()}; "
           f"available: {', '.join(torch_ktmoe.available_isas())}; force with KTMOE_ISA)")
-    print(f"threads     {torch.get_num_threads()} (torch.set_num_threads / OMP_NUM_THREADS)")
+    for line in thread_lines():
+        print(line)
     print(f"NUMA nodes  {_C.numa_node_count()}")
     return 0
 
@@ -36,7 +38,10 @@ def cmd_demo(args) -> int:
     if importlib.util.find_spec("ktmoe_harness") is None:
         print("demo: the demo runs from a source checkout of torch_ktmoe: `make demo` there", file=sys.stderr)
         return 2
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the same torch_ktmoe and harness
+    from torch_ktmoe.threads import passive_env
+
+    # the same torch_ktmoe and harness; torch's OpenMP threads sleep while they wait (docs/threads.md)
+    env = {**passive_env(), "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.call([sys.executable, "-m", "ktmoe_harness.demo", *args.demo_args], env=env)
 
 

@@ -3,7 +3,8 @@
 The same flag without the argument-parser hook: takes ``--kt-mmap-experts-dir``
 off the command line, exports it as ``$KTMOE_SGLANG_MMAP_EXPERTS_DIR`` (sglang's worker
 processes inherit it), installs KTMoEWrapper into this process, then runs
-``python -m sglang.launch_server`` with the remaining arguments. sglang's worker
+``python -m sglang.launch_server`` with the remaining arguments, with ``OMP_WAIT_POLICY=PASSIVE`` exported
+unless set (docs/threads.md). sglang's worker
 processes install the wrapper through the plugin entry point, so the package
 must be pip-installed (``pip install --no-build-isolation .``) either way.
 """
@@ -37,6 +38,10 @@ def main(argv=None) -> None:
     rest, value = split_flag(sys.argv[1:] if argv is None else argv)
     if value:
         os.environ[MMAP_DIR_ENV] = os.path.abspath(value)
+    # sglang's scheduler processes are spawned (new interpreters): their torch loads with this policy, so its
+    # OpenMP threads sleep while they wait instead of spinning on cores shared with the tokenizer and the
+    # detokenizer (docs/threads.md). A policy the user set wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     install_wrapper()
     sys.argv = ["sglang.launch_server", *rest]
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
