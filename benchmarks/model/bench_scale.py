@@ -62,6 +62,8 @@ def summarize(system, routing, limit, rc, out, err, wall, stats, t_spawn, warmup
                load_avg=C.loadavg())
     if loaded:
         res["load_s"] = round(loaded["load_s"], 2)
+        if loaded.get("start_s") is not None:
+            res["start_s"] = round(loaded["start_s"], 2)
         res["load_majflt"] = loaded["majflt"]
     if toks:
         res["ttft_s"] = round(toks[0]["t"] - t_spawn, 2)
@@ -150,6 +152,8 @@ def run_one(system, routing, limit, model_path, harness, args):
                    KTMOE_SCALE_NEXT_LAYER="auto" if system == "ours-nextlayer" else "off",
                    KTMOE_SCALE_K_PRIME=str(args.k_prime), KTMOE_SCALE_NEXT_SOURCE=args.next_layer_source,
                    KTMOE_SCALE_READER_THREADS=str(args.reader_threads))
+        if system == "ours-gguf-random":
+            env["KTMOE_SCALE_GGUF_ADVICE"] = "random"
     else:
         argv = models.llama_argv(harness, model_path, routing, args.threads, toks,
                                  no_repack=system == "llama-norepack")  # (sets the routing: before the cache)
@@ -204,7 +208,8 @@ NAMES = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap"
          "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False",
          "ours-nextlayer": "torch_ktmoe int8, packed dir, next-layer prefetch"}
 GGUF_NAMES = {"ours-gguf": "torch_ktmoe, GGUF experts in place", "ours-gguf-noprefetch":
-              "torch_ktmoe, GGUF experts in place, prefetch=False", "llama": "llama.cpp, mmap (repack on: its default)",
+              "torch_ktmoe, GGUF experts in place, prefetch=False",
+              "ours-gguf-random": "torch_ktmoe, GGUF experts in place, MADV_RANDOM", "llama": "llama.cpp, mmap (repack on: its default)",
               "llama-norepack": "llama.cpp, mmap, --no-repack"}
 
 
@@ -285,7 +290,7 @@ def main(argv=None):
                     help="bytes the disk roof reads per pattern over each model's files (0: no roof)")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
     ap.add_argument("--gguf", default=None, help="an existing GGUF (e.g. a Q4_K_M from llama-quantize) that every "
-                    "system decodes (systems ours-gguf, ours-gguf-noprefetch, llama, llama-norepack); nothing is "
+                    "system decodes (systems ours-gguf, ours-gguf-noprefetch, ours-gguf-random, llama, llama-norepack); nothing is "
                     "generated or deleted; its token_embd must be BF16 (the routing is written into it)")
     ap.add_argument("--page-cache", default="cold", choices=("cold", "warm"),
                     help="before each run: drop the page cache (cold), or drop it and read the model whole (warm)")

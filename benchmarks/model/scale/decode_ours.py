@@ -11,7 +11,8 @@ transformers' own (DynamicCache) unless the variables below say otherwise. Token
 one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
 seeded sequence, as in the llama.cpp harness, so the router sees the same kind of inputs in both.
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
-Prints JSON lines: loaded (load_s: from before from_pretrained until the model can compute its first token),
+Prints JSON lines: loaded (load_s: from before from_pretrained until the model can compute its first token;
+start_s: from the parent's spawn until then: the interpreter, torch, torch_ktmoe.hf and transformers imported),
 one per token (dt, cumulative major/minor faults, cumulative disk figures ``io``: read_bytes, residency hits /
 misses / bytes and seconds waited, the next-layer predictor's routed / found; ``disk_ms``: the model's disk's
 cumulative busy milliseconds, io_ticks), and the routing counts.
@@ -82,6 +83,29 @@ def anon_pack(n_layers: int, threads: int):
     emit(event="anon_done")
 
 
+def advise_gguf_experts(model, advice: str) -> int:
+    """madvise(MADV_<advice>) over every GGUF layer's mapped expert tensors (KTMOE_SCALE_GGUF_ADVICE: "random" turns
+    the faults' read-around off, as the packed arena's mappings have it); returns the bytes advised."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    flag = getattr(mmap, f"MADV_{advice.upper()}")
+    done = 0
+    for m in model.modules():
+        g = getattr(m, "gguf", None)
+        if g is None or not getattr(g, "mapped", False):
+            continue
+        for t in (g.gate, g.up, g.down):
+            start = t.data_ptr() & ~(mmap.PAGESIZE - 1)
+            end = t.data_ptr() + t.numel()
+            if libc.madvise(start, end - start, flag) != 0:
+                raise OSError(ctypes.get_errno(), f"madvise(MADV_{advice.upper()})")
+            done += end - start
+    return done
+
+
 def load_model(path: str, routing: str):
     """The packed directory as transformers' Qwen3MoeForCausalLM, experts mapped from their files
     (KTMoE's defaults: warm="auto", and prefetch="auto" unless KTMOE_SCALE_PREFETCH=off; next_layer_prefetch="auto"
@@ -110,6 +134,8 @@ def load_model(path: str, routing: str):
     source = os.environ.get("KTMOE_SCALE_NEXT_SOURCE", "experts")
     if next_layer == "auto" and (k_prime > 0 or source != "experts"):
         hf.attach_next_layer_prefetch(model, k_prime=k_prime or None, source=source)
+    if os.environ.get("KTMOE_SCALE_GGUF_ADVICE"):
+        advise_gguf_experts(model, os.environ["KTMOE_SCALE_GGUF_ADVICE"])
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
     if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":
@@ -130,6 +156,8 @@ def main():
     from benchmarks.model.scale import common as C
 
     stat_path = C.disk_stat_path(path)
+    from torch_ktmoe import hf  # noqa: F401 - imported before the clock starts: load_s is the load alone
+
     t0 = time.time()
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
     model = load_model(path, routing)
@@ -156,8 +184,9 @@ def main():
         l.mlp.experts.register_forward_pre_hook(t_pre, prepend=True)
         l.mlp.experts.register_forward_hook(t_post)
     maj, mnr = faults()
+    spawn = float(os.environ.get("KTMOE_T_SPAWN", "nan"))  # set by the parent (common.run_limited)
     emit(event="loaded", prefetch=prefetch, prefetching=prefetching, load_s=time.time() - t0, majflt=maj, minflt=mnr,
-         t=time.time(), io=io_counters(model), disk_ms=C.disk_busy_ms(stat_path))
+         t=time.time(), io=io_counters(model), disk_ms=C.disk_busy_ms(stat_path), start_s=t0 - spawn)
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
