@@ -149,11 +149,9 @@ def run_one(system, routing, limit, model_path, harness, args):
         argv = [sys.executable, "-m", "benchmarks.model.scale.decode_ours", model_path, routing, str(args.threads), toks]
         env.update(KTMOE_SCALE_DTYPE=args.ours_dtype,
                    KTMOE_SCALE_PREFETCH="off" if system.endswith("noprefetch") else "auto",
-                   KTMOE_SCALE_NEXT_LAYER="auto" if system == "ours-nextlayer" else "off",
+                   KTMOE_SCALE_NEXT_LAYER="auto" if system.endswith("nextlayer") else "off",
                    KTMOE_SCALE_K_PRIME=str(args.k_prime), KTMOE_SCALE_NEXT_SOURCE=args.next_layer_source,
                    KTMOE_SCALE_READER_THREADS=str(args.reader_threads))
-        if system == "ours-gguf-random":
-            env["KTMOE_SCALE_GGUF_ADVICE"] = "random"
     else:
         argv = models.llama_argv(harness, model_path, routing, args.threads, toks,
                                  no_repack=system == "llama-norepack")  # (sets the routing: before the cache)
@@ -209,7 +207,7 @@ NAMES = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap"
          "ours-nextlayer": "torch_ktmoe int8, packed dir, next-layer prefetch"}
 GGUF_NAMES = {"ours-gguf": "torch_ktmoe, GGUF experts in place", "ours-gguf-noprefetch":
               "torch_ktmoe, GGUF experts in place, prefetch=False",
-              "ours-gguf-random": "torch_ktmoe, GGUF experts in place, MADV_RANDOM", "llama": "llama.cpp, mmap (repack on: its default)",
+              "ours-gguf-nextlayer": "torch_ktmoe, GGUF experts in place, next-layer prefetch", "llama": "llama.cpp, mmap (repack on: its default)",
               "llama-norepack": "llama.cpp, mmap, --no-repack"}
 
 
@@ -290,7 +288,7 @@ def main(argv=None):
                     help="bytes the disk roof reads per pattern over each model's files (0: no roof)")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
     ap.add_argument("--gguf", default=None, help="an existing GGUF (e.g. a Q4_K_M from llama-quantize) that every "
-                    "system decodes (systems ours-gguf, ours-gguf-noprefetch, ours-gguf-random, llama, llama-norepack); nothing is "
+                    "system decodes (systems ours-gguf, ours-gguf-nextlayer, ours-gguf-noprefetch, llama, llama-norepack); nothing is "
                     "generated or deleted; its token_embd must be BF16 (the routing is written into it)")
     ap.add_argument("--page-cache", default="cold", choices=("cold", "warm"),
                     help="before each run: drop the page cache (cold), or drop it and read the model whole (warm)")

@@ -83,29 +83,6 @@ def anon_pack(n_layers: int, threads: int):
     emit(event="anon_done")
 
 
-def advise_gguf_experts(model, advice: str) -> int:
-    """madvise(MADV_<advice>) over every GGUF layer's mapped expert tensors (KTMOE_SCALE_GGUF_ADVICE: "random" turns
-    the faults' read-around off, as the packed arena's mappings have it); returns the bytes advised."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    flag = getattr(mmap, f"MADV_{advice.upper()}")
-    done = 0
-    for m in model.modules():
-        g = getattr(m, "gguf", None)
-        if g is None or not getattr(g, "mapped", False):
-            continue
-        for t in (g.gate, g.up, g.down):
-            start = t.data_ptr() & ~(mmap.PAGESIZE - 1)
-            end = t.data_ptr() + t.numel()
-            if libc.madvise(start, end - start, flag) != 0:
-                raise OSError(ctypes.get_errno(), f"madvise(MADV_{advice.upper()})")
-            done += end - start
-    return done
-
-
 def load_model(path: str, routing: str):
     """The packed directory as transformers' Qwen3MoeForCausalLM, experts mapped from their files
     (KTMoE's defaults: warm="auto", and prefetch="auto" unless KTMOE_SCALE_PREFETCH=off; next_layer_prefetch="auto"
@@ -134,8 +111,6 @@ def load_model(path: str, routing: str):
     source = os.environ.get("KTMOE_SCALE_NEXT_SOURCE", "experts")
     if next_layer == "auto" and (k_prime > 0 or source != "experts"):
         hf.attach_next_layer_prefetch(model, k_prime=k_prime or None, source=source)
-    if os.environ.get("KTMOE_SCALE_GGUF_ADVICE"):
-        advise_gguf_experts(model, os.environ["KTMOE_SCALE_GGUF_ADVICE"])
     if os.environ.get("KTMOE_SCALE_PACK_LINEARS") == "1":
         hf.pack_linears(model)
     if os.environ.get("KTMOE_SCALE_DECODE_ATTENTION") == "1":
