@@ -29,6 +29,32 @@ The two models do not fit on the disk together (~31 + ~33 GB here): unless they 
 ours, deletes it, then llama.cpp's (phases); when both fit it alternates per configuration. It refuses
 to start when the disk cannot hold the larger model with a margin, and deletes the model files at the
 end unless --keep. Needs root (drop_caches, cgroups v1). Results: benchmarks/results/bench_scale.json (--out).
+
+--gguf FILE: one existing GGUF of this model (e.g. a Q4_K_M made by llama.cpp's own llama-quantize; its
+token_embd must stay BF16, the routing is written into it) decoded by every system, alternated per
+configuration, --rounds times; nothing generated or deleted; the disk roof over that file. Systems: ours-gguf
+(torch_ktmoe.hf.from_pretrained(dir, gguf_file=FILE): the experts the file's blocks where they lie, mapped;
+prefetch="auto", next-layer prefetch off), ours-gguf-nextlayer (next_layer_prefetch="auto" too: the library's
+defaults), ours-gguf-noprefetch (both off), llama (llama.cpp's defaults: mmap, repack on) and llama-norepack
+(its --no-repack: every weight stays in the mapping). A limit "1/3" is a third of the file's bytes. Bytes read per
+token (/proc/self/io) and disk busy (the device's io_ticks over the measured tokens) for both systems.
+--page-cache warm reads the file whole right before each run instead of leaving it dropped: with --limits none
+and few tokens, "load s" is the time to ready (ours: from_pretrained until the first token can be computed,
+imports before the clock; llama.cpp: model load + context creation). The runs of benchmarks/RESULTS.md
+("A 30B-class Q4_K_M GGUF bigger than RAM"):
+
+    benchmarks/baselines/llama/build.sh llama_decode /work/data-gguf/llama
+    cmake --build /work/data-gguf/llama/cmake-llama_decode --target llama-quantize -j 2
+    python -m benchmarks.model.scale.gen_gguf /work/data-gguf/qwen3moe30b_L27_q8_0.gguf --layers 27
+    /work/data-gguf/llama/cmake-llama_decode/bin/llama-quantize --allow-requantize --token-embedding-type bf16 \
+        /work/data-gguf/qwen3moe30b_L27_q8_0.gguf /work/data-gguf/qwen3moe30b_L27_Q4_K_M.gguf Q4_K_M 2
+    rm /work/data-gguf/qwen3moe30b_L27_q8_0.gguf
+    python -m benchmarks.model.bench_scale --gguf /work/data-gguf/qwen3moe30b_L27_Q4_K_M.gguf --data /work/data-gguf \
+        --systems ours-gguf,ours-gguf-nextlayer,ours-gguf-noprefetch,llama-norepack,llama --limits 1/3 \
+        --routings uniform,zipf --rounds 2 --tokens 16 --warmup 4 --roof-gib 1
+    python -m benchmarks.model.bench_scale --gguf /work/data-gguf/qwen3moe30b_L27_Q4_K_M.gguf --data /work/data-gguf \
+        --systems ours-gguf,llama,llama-norepack --limits none --routings uniform --tokens 2 --warmup 1 --rounds 3 \
+        --page-cache warm --roof-gib 0
 """
 from __future__ import annotations
 
