@@ -40,9 +40,12 @@ def test_table_names_gguf_systems_and_marks_oom():
     ok.update(limit_gib=3.1, page_cache=dict(mode="cold"))
     dead = dict(system="llama", routing="uniform", limit="1/3", limit_gib=3.1, rc=-9, load_avg=1.0,
                 cgroup={"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1"})
-    table = B.fmt_table([ok, dead], gguf=True)
+    failed = dict(dead, system="llama-norepack", rc=1,
+                  cgroup={"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 0"})
+    table = B.fmt_table([ok, dead, failed], gguf=True)
     assert "GGUF experts in place" in table and "1/3 (3.10 GiB)" in table
     assert "llama.cpp, mmap (repack on: its default) | uniform | 1/3 (3.10 GiB) | cold | failed (OOM-killed)" in table
+    assert "llama.cpp, mmap, --no-repack | uniform | 1/3 (3.10 GiB) | cold | failed (rc 1)" in table
 
 
 def test_cached_fraction_and_read_whole(tmp_path):

@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -231,10 +232,10 @@ def _opt(v, f) -> str:
 NAMES = {"ours": "torch_ktmoe int8, packed dir", "llama": "llama.cpp q8_0, mmap",
          "ours-noprefetch": "torch_ktmoe int8, packed dir, prefetch=False",
          "ours-nextlayer": "torch_ktmoe int8, packed dir, next-layer prefetch"}
-GGUF_NAMES = {"ours-gguf": "torch_ktmoe, GGUF experts in place", "ours-gguf-noprefetch":
-              "torch_ktmoe, GGUF experts in place, prefetch=False",
-              "ours-gguf-nextlayer": "torch_ktmoe, GGUF experts in place, next-layer prefetch", "llama": "llama.cpp, mmap (repack on: its default)",
-              "llama-norepack": "llama.cpp, mmap, --no-repack"}
+GGUF_NAMES = {"ours-gguf": "torch_ktmoe, GGUF experts in place",
+              "ours-gguf-nextlayer": "torch_ktmoe, GGUF experts in place, next-layer prefetch",
+              "ours-gguf-noprefetch": "torch_ktmoe, GGUF experts in place, prefetch=False",
+              "llama": "llama.cpp, mmap (repack on: its default)", "llama-norepack": "llama.cpp, mmap, --no-repack"}
 
 
 def roof_key(system: str, gguf: bool) -> str:
@@ -263,7 +264,8 @@ def fmt_table(results, roofs=None, gguf: bool = False) -> str:
             roof = roofs.get(roof_key(r["system"], gguf))
             mb = r.get("read_bytes_per_tok")
             busy = r.get("disk_busy_pct")
-            lines.append(f"| {name} | {r['routing']} | {lim} | {cache} | {r['tok_s_median']:.2f} | {r['tok_s_min']:.2f} | "
+            lines.append(f"| {name} | {r['routing']} | {lim} | {cache} | {r['tok_s_median']:.2f} | "
+                         f"{r['tok_s_min']:.2f} | "
                          f"{r['majflt_per_tok']:.0f} | {_opt(r.get('load_s'), '.2f')} | "
                          f"{r.get('ttft_s', float('nan')):.1f} s | "
                          f"{_pct(r.get('disk_GBps_waiting'), roof)} | {_pct(r.get('disk_GBps_decode'), roof)} | "
@@ -271,8 +273,8 @@ def fmt_table(results, roofs=None, gguf: bool = False) -> str:
                          f"{'-' if busy is None else f'{busy:.0f} %'} | {_opt(r.get('hit_rate'), '.2f')} | "
                          f"{_opt(r.get('recall'), '.2f')} | {r['load_avg']:.1f} |")
         else:
-            oom = (r.get("cgroup") or {}).get("memory.oom_control", "")
-            why = "OOM-killed" if r["rc"] == -9 or " oom_kill 0" not in f" {oom}" and "oom_kill" in oom else f"rc {r['rc']}"
+            oom = re.search(r"^oom_kill (\d+)", (r.get("cgroup") or {}).get("memory.oom_control", ""), re.M)
+            why = "OOM-killed" if r["rc"] == -9 or (oom and int(oom.group(1)) > 0) else f"rc {r['rc']}"
             lines.append(f"| {name} | {r['routing']} | {lim} | {cache} | failed ({why}) | | | "
                          f"{_opt(r.get('load_s'), '.2f')} | | | | | | | | {r['load_avg']:.1f} |")
     anon = [r for r in results if r["system"] == "ours-anonymous"]
@@ -314,8 +316,9 @@ def main(argv=None):
                     help="bytes the disk roof reads per pattern over each model's files (0: no roof)")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
     ap.add_argument("--gguf", default=None, help="an existing GGUF (e.g. a Q4_K_M from llama-quantize) that every "
-                    "system decodes (systems ours-gguf, ours-gguf-nextlayer, ours-gguf-noprefetch, llama, llama-norepack); nothing is "
-                    "generated or deleted; its token_embd must be BF16 (the routing is written into it)")
+                    "system decodes (systems ours-gguf, ours-gguf-nextlayer, ours-gguf-noprefetch, llama, "
+                    "llama-norepack); nothing is generated or deleted; its token_embd must be BF16 (the routing is "
+                    "written into it)")
     ap.add_argument("--page-cache", default="cold", choices=("cold", "warm"),
                     help="before each run: drop the page cache (cold), or drop it and read the model whole (warm)")
     ap.add_argument("--reuse", action="store_true", help="reuse models already in --data")

@@ -6,9 +6,9 @@ benchmarks/model/bench_scale.py. Run as a child process (under a memory cgroup o
 hf.from_pretrained(PACKED_DIR, pack_linears=False, decode_attention=False) maps every layer's experts from
 their files (nothing is packed, nothing is read up front); a FILE.gguf instead loads through
 hf.from_pretrained(dir, gguf_file=FILE.gguf, ...): the config from its metadata, the non-expert weights
-dequantized into KTMOE_SCALE_DTYPE, every layer's experts the file's GGML blocks where they lie (mapped); the dense layers, attention and the KV cache are
-transformers' own (DynamicCache) unless the variables below say otherwise. Tokens are fed
-one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
+dequantized into KTMOE_SCALE_DTYPE, every layer's experts the file's GGML blocks where they lie (mapped).
+The dense layers, attention and the KV cache are transformers' own (DynamicCache) unless the variables below
+say otherwise. Tokens are fed one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
 seeded sequence, as in the llama.cpp harness, so the router sees the same kind of inputs in both.
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
 Prints JSON lines: loaded (load_s: from before from_pretrained until the model can compute its first token;
