@@ -131,3 +131,51 @@ def test_prefetch_reads_the_routed_experts_ahead_with_the_same_outputs(tmp_path)
     anonymous.load_gguf(GGUFExperts.of(*(t.clone() for t in (experts.gate, experts.up, experts.down)),
                                        experts.ggml_types, fits=False))
     assert not anonymous.prefetching  # nothing to read: anonymous memory
+
+
+def test_next_layer_prefetch_advises_a_gguf_layers_predicted_experts(tmp_path, monkeypatch):
+    """next_layer_prefetch="auto" resolves for a GGUF layer as prefetch does (mapped experts that did not fit); the
+    previous layer's predictor then asks MADV_WILLNEED over the predicted experts' gate, up and down rows (pages
+    read from the file, nothing copied), counts its recall, and changes no output."""
+    import dataclasses
+    import os
+
+    from torch_ktmoe import gguf_experts
+    from torch_ktmoe.next_layer import NextLayerPredictor
+
+    path = write_moe_gguf(tmp_path / "m.gguf", layers=1, experts=8, hidden=256, inter=256, sane=True)
+    model = open_gguf(path)
+    (found,) = expert_layers(model)
+    experts = layer_experts(model, found)
+    layer = KTMoE(8, 2, 256, 256, weight_format="gguf")
+    layer.load_gguf(experts)
+    assert not layer.next_layer_prefetching  # fits
+    layer.load_gguf(dataclasses.replace(experts, fits=False))
+    assert layer.next_layer_prefetching
+    off = KTMoE(8, 2, 256, 256, weight_format="gguf", next_layer_prefetch=False)
+    off.load_gguf(dataclasses.replace(experts, fits=False))
+    assert not off.next_layer_prefetching
+    anonymous = KTMoE(8, 2, 256, 256, weight_format="gguf")
+    anonymous.load_gguf(GGUFExperts.of(*(t.clone() for t in (experts.gate, experts.up, experts.down)),
+                                       experts.ggml_types, fits=False))
+    assert not anonymous.next_layer_prefetching
+
+    advised = []
+    real = gguf_experts._willneed
+    monkeypatch.setattr(gguf_experts, "_willneed", lambda a, n: (advised.append((a, n)), real(a, n)))
+    router = torch.nn.Linear(256, 8, bias=False)
+    x = torch.randn(1, 256)
+    predicted = torch.topk(router(x), 2).indices.flatten().sort().values.tolist()
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    NextLayerPredictor(router, layer)(x)
+    g = layer.gguf
+    want = sorted((t.data_ptr() + e * t.stride(0), t.stride(0)) for t in (g.gate, g.up, g.down) for e in predicted)
+    assert sorted(advised) == want
+    ids = torch.tensor([predicted])
+    w = torch.full((1, 2), 0.5)
+    plain = KTMoE(8, 2, 256, 256, weight_format="gguf", prefetch=False)
+    plain.load_gguf(experts)
+    assert torch.equal(layer(x, ids, w), plain(x, ids, w))
+    assert layer.residency_stats()["recall"] == 1.0

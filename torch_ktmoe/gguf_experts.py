@@ -17,6 +17,20 @@ import torch
 from . import ops
 
 ROLES = ("gate", "up", "down")
+_libc = None
+
+
+def _willneed(address: int, length: int) -> None:
+    """madvise(MADV_WILLNEED) over the pages holding [address, address + length); errors are ignored (advice)."""
+    global _libc
+    import ctypes
+    import mmap
+
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = address & ~(mmap.PAGESIZE - 1)
+    _libc.madvise(start, address + length - start, mmap.MADV_WILLNEED)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +98,18 @@ class GGUFExperts:
         routed experts' rows first)."""
         return torch.ops.ktmoe.moe_forward_ggml(x, ids, weights, self.gate, self.up, self.down, list(self.ggml_types),
                                                 b13, b2, activation, params, prefetch)
+
+    def advise(self, experts: torch.Tensor) -> None:
+        """``MADV_WILLNEED`` over the listed experts' gate, up and down rows when the blocks map a file (the kernel
+        queues their reads and returns; the next-layer prefetch of a GGUF layer, :mod:`torch_ktmoe.next_layer`).
+        ``experts``: distinct ids in [0, E). Nothing for blocks in anonymous memory."""
+        if not self.mapped:
+            return
+        ids = experts.tolist()
+        for t in (self.gate, self.up, self.down):
+            base, per = t.data_ptr(), t.stride(0)
+            for e in ids:
+                _willneed(base + e * per, per)
 
     def dense(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) fp32: the types' exact values (ops.ggml_dequantize)."""

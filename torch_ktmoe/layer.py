@@ -396,8 +396,11 @@ class KTMoE(nn.Module):
     @property
     def next_layer_prefetching(self) -> bool:
         """Whether the previous MoE layer reads this layer's predicted experts ahead now (``next_layer_prefetch``
-        resolved: ``"auto"``, while this layer's file-backed experts do not fit in memory)."""
+        resolved: ``"auto"``, while this layer's file-backed experts do not fit in memory; a GGUF layer's: while its
+        model's mapped experts did not fit when it was loaded)."""
         mode = self.next_layer_prefetch_mode
+        if self.gguf is not None:
+            return mode is True or (mode == "auto" and self.gguf.mapped and not self.gguf.fits)
         return mode is True or (mode == "auto" and self.arenas.file_backed
                                 and not self.arenas.experts_dir.file_experts_fit)
 

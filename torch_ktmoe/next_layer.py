@@ -175,6 +175,11 @@ class NextLayerPredictor:
         """The predicted experts read into the page cache (a prefill's union: the layer mapped whole)."""
         experts = torch.unique(predicted)
         experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
+        gguf = getattr(self.target, "gguf", None)
+        if gguf is not None:  # a GGUF file's blocks where they lie: WILLNEED over their rows (no arena, no pool)
+            if not _C.routed_to_most(self.target.num_experts, experts):  # (a prefill's layer faults in itself)
+                gguf.advise(experts)
+            return
         if _C.routed_to_most(self.target.num_experts, experts):  # a prefill's union: map layer L+1 whole
             directory = self.target.arenas.experts_dir
             if directory is not None:

@@ -163,6 +163,61 @@ def progress(it, total, desc):
         return it
 
 
+def disk_stat_path(path: str) -> str:
+    """/sys/dev/block/MAJ:MIN/stat of the block device holding `path` (a partition's, where it is on one)."""
+    st = os.stat(path)
+    return f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+
+
+def disk_busy_ms(stat_path: str) -> int:
+    """The device's io_ticks (milliseconds it had I/O in flight; field 10 of its stat file), -1 if unreadable."""
+    try:
+        with open(stat_path) as f:
+            return int(f.read().split()[9])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def read_whole(path: str, chunk: int = 16 << 20) -> float:
+    """Reads `path` through once (its pages into the page cache); returns the seconds taken."""
+    t0 = time.time()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        while f.readinto(buf):
+            pass
+    return time.time() - t0
+
+
+def cached_fraction(path: str) -> float:
+    """Share of `path`'s pages in the page cache now (mincore over a read-only mapping)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return 1.0
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return float("nan")
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                return float("nan")
+            return float((np.frombuffer(vec, dtype=np.uint8) & 1).sum()) / pages
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+
+
 def page_cache_state() -> dict:
     mi = meminfo()
     return dict(cached_gb_after_drop=round(mi["Cached"] / 1e9, 2), free_gb=round(mi["MemFree"] / 1e9, 2))

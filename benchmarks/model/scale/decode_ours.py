@@ -1,17 +1,21 @@
 """T=1 decode of the packed directory with transformers' Qwen3MoeForCausalLM: the torch_ktmoe side of
 benchmarks/model/bench_scale.py. Run as a child process (under a memory cgroup or not):
 
-    python -m benchmarks.model.scale.decode_ours PACKED_DIR ROUTING THREADS TOKENS [--anon-pack N]
+    python -m benchmarks.model.scale.decode_ours PACKED_DIR|FILE.gguf ROUTING THREADS TOKENS [--anon-pack N]
 
 hf.from_pretrained(PACKED_DIR, pack_linears=False, decode_attention=False) maps every layer's experts from
-their files (nothing is packed, nothing is read up front); the dense layers, attention and the KV cache are
-transformers' own (DynamicCache) unless the variables below say otherwise. Tokens are fed
-one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
+their files (nothing is packed, nothing is read up front); a FILE.gguf instead loads through
+hf.from_pretrained(dir, gguf_file=FILE.gguf, ...): the config from its metadata, the non-expert weights
+dequantized into KTMOE_SCALE_DTYPE, every layer's experts the file's GGML blocks where they lie (mapped).
+The dense layers, attention and the KV cache are transformers' own (DynamicCache) unless the variables below
+say otherwise. Tokens are fed one at a time; every step's logits are argmax'ed (the greedy choice) but the fed token is the given
 seeded sequence, as in the llama.cpp harness, so the router sees the same kind of inputs in both.
 The non-expert weights run in KTMOE_SCALE_DTYPE (default bfloat16, the safetensors' dtype). ROUTING "zipf" sets the embedding's popularity channel (common.D0) to ZIPF_C, "uniform" leaves it 0.
-Prints JSON lines: loaded, one per token (dt, cumulative major/minor faults, cumulative disk figures ``io``:
-read_bytes, residency hits / misses / bytes and seconds waited, the next-layer predictor's routed / found), and
-the routing counts.
+Prints JSON lines: loaded (load_s: from before from_pretrained until the model can compute its first token;
+start_s: from the parent's spawn until then: the interpreter, torch, torch_ktmoe.hf and transformers imported),
+one per token (dt, cumulative major/minor faults, cumulative disk figures ``io``: read_bytes, residency hits /
+misses / bytes and seconds waited, the next-layer predictor's routed / found; ``disk_ms``: the model's disk's
+cumulative busy milliseconds, io_ticks), and the routing counts.
 
 KTMOE_SCALE_PACK_LINEARS=1: hf.pack_linears(model) after loading (the dense layers outside the experts
 through ktmoe's bf16 gemm; bench_e2e --pack-linears sets it). KTMOE_SCALE_DECODE_ATTENTION=1:
@@ -97,9 +101,12 @@ def load_model(path: str, routing: str):
         from torch_ktmoe import expert_reads
 
         expert_reads.set_reader_threads(reader_threads)
+    kwargs = {}
+    if path.endswith(".gguf"):  # the GGUF's experts in place
+        path, kwargs = os.path.dirname(os.path.abspath(path)), {"gguf_file": path, "progress": False}
     model = hf.from_pretrained(path, dtype=dtype, ktmoe_kwargs={"prefetch": "auto" if prefetch == "auto" else False,
                                                                "next_layer_prefetch": "auto" if next_layer == "auto" else False},
-                               pack_linears=False, decode_attention=False)
+                               pack_linears=False, decode_attention=False, **kwargs)
     k_prime = int(os.environ.get("KTMOE_SCALE_K_PRIME", "0"))
     source = os.environ.get("KTMOE_SCALE_NEXT_SOURCE", "experts")
     if next_layer == "auto" and (k_prime > 0 or source != "experts"):
@@ -122,6 +129,9 @@ def main():
 
     torch.set_num_threads(threads)
     from benchmarks.model.scale import common as C
+
+    stat_path = C.disk_stat_path(path)
+    from torch_ktmoe import hf  # noqa: F401 - imported before the clock starts: load_s is the load alone
 
     t0 = time.time()
     prefetch = os.environ.get("KTMOE_SCALE_PREFETCH", "auto")
@@ -149,8 +159,9 @@ def main():
         l.mlp.experts.register_forward_pre_hook(t_pre, prepend=True)
         l.mlp.experts.register_forward_hook(t_post)
     maj, mnr = faults()
+    spawn = float(os.environ.get("KTMOE_T_SPAWN", "nan"))  # set by the parent (common.run_limited)
     emit(event="loaded", prefetch=prefetch, prefetching=prefetching, load_s=time.time() - t0, majflt=maj, minflt=mnr,
-         t=time.time(), io=io_counters(model))
+         t=time.time(), io=io_counters(model), disk_ms=C.disk_busy_ms(stat_path), start_s=t0 - spawn)
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -163,7 +174,7 @@ def main():
             t2 = time.time()
             maj, mnr = faults()
             emit(i=i, dt=t2 - t1, majflt=maj, minflt=mnr, argmax=best, t=t2, experts_s=expert_s[0],
-                 io=io_counters(model))
+                 io=io_counters(model), disk_ms=C.disk_busy_ms(stat_path))
             expert_s[0] = 0.0
     emit(event="routing", counts=counts.tolist())
 

@@ -158,6 +158,9 @@ def set_routing(path: str, routing: str) -> None:
 
     r = gguf.GGUFReader(path, "r")
     ti = next(t for t in r.tensors if t.name == "token_embd.weight")
+    if ti.tensor_type != gguf.GGMLQuantizationType.BF16:
+        raise ValueError(f"{path}: token_embd.weight is {ti.tensor_type.name}, set_routing writes BF16 values "
+                         "(llama-quantize --token-embedding-type bf16 keeps it so)")
     off = ti.data_offset
     value = 0.0 if routing == "uniform" else C.ZIPF_C
     b = torch.tensor([value], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()

@@ -105,9 +105,11 @@ def build_llama(data: str) -> str:
     return p.stdout.strip().splitlines()[-1]
 
 
-def llama_argv(harness: str, gguf_path: str, routing: str, threads: int, tokens: str, prompt_tokens: int = 1):
-    """argv of llama.cpp's decode harness; first sets the GGUF's routing (which reads pages: drop after)."""
+def llama_argv(harness: str, gguf_path: str, routing: str, threads: int, tokens: str, prompt_tokens: int = 1,
+               no_repack: bool = False):
+    """argv of llama.cpp's decode harness; first sets the GGUF's routing (which reads pages: drop after).
+    no_repack: llama.cpp's --no-repack (every weight stays in the mapping; its default copies the types it repacks)."""
     from benchmarks.model.scale.gen_gguf import set_routing
 
     set_routing(gguf_path, routing)
-    return [harness, gguf_path, str(threads), tokens, str(prompt_tokens)]
+    return [harness, gguf_path, str(threads), tokens, str(prompt_tokens)] + (["--no-repack"] if no_repack else [])
