@@ -11,6 +11,7 @@
 // Blocks are random bytes with the fp16 scale fields set to sane values (their byte offsets from ggml's
 // block structs, written out here, not taken from ggml_blocks.h; iq1_m's scale is the top nibbles of the
 // four 16-bit words at bytes 48..55).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -112,17 +113,7 @@ void test_one(const IsaKernels& isa, const GgmlCase& c, int64_t n, int64_t k, in
     const int64_t n0 = n / 3;  // the same rows in two calls
     isa.gemm_ggml(t, w, row_bytes, n0, k, a.data(), lda, m, split.data(), n);
     isa.gemm_ggml(t, w + n0 * row_bytes, row_bytes, n - n0, k, a.data(), lda, m, split.data() + n0, n);
-    double worst = 0;
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < n; ++i) {
-        double ref = 0, mag = 0;
-        for (int64_t kk = 0; kk < k; ++kk) {
-          const double p = double(bf16_value(a[size_t(r * lda + kk)])) * wv[size_t(i * k + kk)];
-          ref += p;
-          mag += std::fabs(p);
-        }
-        worst = std::max(worst, std::fabs(cbuf[size_t(r * n + i)] - ref) / (double(k) * 0x1.0p-23 * mag + 1e-30));
-      }
+    const double worst = ggml_sum_error(a, lda, m, wv, n, k, cbuf);
     CHECK(worst <= 1.0, what + strf(" M=%lld: fp32 sums within k*2^-23*sum|a*w| (worst %.3f of it)", (long long)m,
                                     worst));
     CHECK(std::memcmp(cbuf.data(), split.data(), cbuf.size() * 4) == 0,
@@ -132,6 +123,22 @@ void test_one(const IsaKernels& isa, const GgmlCase& c, int64_t n, int64_t k, in
 }
 
 }  // namespace
+
+double ggml_sum_error(const std::vector<uint16_t>& a, int64_t lda, int64_t m, const std::vector<float>& wv, int64_t n,
+                      int64_t k, const std::vector<float>& c) {
+  double worst = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      double ref = 0, mag = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = double(bf16_value(a[size_t(r * lda + kk)])) * wv[size_t(i * k + kk)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(c[size_t(r * n + i)] - ref) / (double(k) * 0x1.0p-23 * mag + 1e-30));
+    }
+  return worst;
+}
 
 std::vector<uint8_t> random_ggml_rows(GgmlType type, int64_t n, int64_t k, int skew, Rng& rng) {
   for (const GgmlCase& c : kCases)

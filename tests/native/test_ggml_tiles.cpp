@@ -240,16 +240,7 @@ void test_type(const IsaKernels* vec512, const IsaKernels* tiles, GgmlType type,
     std::vector<uint16_t> a(size_t(m * lda));
     for (auto& v : a) v = uint16_t(f32_bits(float(rng.gauss())) >> 16);
     const std::vector<float> c = emulated(t, w, row_bytes, n, k, a, lda, m);
-    double worst = 0;
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < n; ++i) {
-        double ref = 0, mag = 0;
-        for (int64_t kk = 0; kk < k; ++kk) {
-          const double prod = double(bf16_value(a[size_t(r * lda + kk)])) * wv[size_t(i * k + kk)];
-          ref += prod, mag += std::fabs(prod);
-        }
-        worst = std::max(worst, std::fabs(c[size_t(r * n + i)] - ref) / (double(k) * 0x1.0p-23 * mag + 1e-30));
-      }
+    const double worst = ggml_sum_error(a, lda, m, wv, n, k, c);
     CHECK(worst <= 1.0, what + strf(" M=%lld: emulated sums within k*2^-23*sum|a*w| (worst %.3f of it)", (long long)m,
                                     worst));
     if (tiles && m >= amx::ggml_prefill_min_rows()) {
