@@ -50,13 +50,19 @@ def test_biases_and_activation_reach_the_op():
     assert torch.equal(layer(x, ids, w), want)
 
 
-def test_a_gguf_file_is_used_where_it_lies(tmp_path):
-    path = write_moe_gguf(tmp_path / "m.gguf", layers=1, experts=4, hidden=256, inter=256, sane=True)
+def file_layer(tmp_path, experts: int):
+    """(the file's path, its expert layer, its GGUFExperts, a KTMoE loaded from them): a one-layer GGUF in tmp_path."""
+    path = write_moe_gguf(tmp_path / "m.gguf", layers=1, experts=experts, hidden=256, inter=256, sane=True)
     model = open_gguf(path)
     (found,) = expert_layers(model)
-    experts = layer_experts(model, found)
-    layer = KTMoE(4, 2, 256, 256, weight_format="gguf")
-    layer.load_gguf(experts)
+    gguf = layer_experts(model, found)
+    layer = KTMoE(experts, 2, 256, 256, weight_format="gguf")
+    layer.load_gguf(gguf)
+    return path, found, gguf, layer
+
+
+def test_a_gguf_file_is_used_where_it_lies(tmp_path):
+    path, found, experts, layer = file_layer(tmp_path, 4)
     assert layer.file_backed_bytes == found.nbytes == layer.packed_bytes
     ptr = layer.gguf.gate.data_ptr()
     with open("/proc/self/maps") as maps:  # the blocks are the file's mapping, not a copy
@@ -143,12 +149,7 @@ def test_next_layer_prefetch_advises_a_gguf_layers_predicted_experts(tmp_path, m
     from torch_ktmoe import gguf_experts
     from torch_ktmoe.next_layer import NextLayerPredictor
 
-    path = write_moe_gguf(tmp_path / "m.gguf", layers=1, experts=8, hidden=256, inter=256, sane=True)
-    model = open_gguf(path)
-    (found,) = expert_layers(model)
-    experts = layer_experts(model, found)
-    layer = KTMoE(8, 2, 256, 256, weight_format="gguf")
-    layer.load_gguf(experts)
+    path, _, experts, layer = file_layer(tmp_path, 8)
     assert not layer.next_layer_prefetching  # fits
     layer.load_gguf(dataclasses.replace(experts, fits=False))
     assert layer.next_layer_prefetching

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx/gemm_amx.h"
 #include "kernels/amx/tile_config.h"
 #include "kernels/ggml/ggml_types.h"
 
@@ -126,23 +127,15 @@ struct GgmlTileGemm {
     const int group = k.type.group;
     const int64_t a_bytes = 2 * group, a_step = 16 * group, b_step = (group / 2) * 64;
     for (int64_t g = 0; g < k.ngroups; ++g) {
-      T::template zero<tile_c(0, 0)>();
-      if constexpr (NT == 2) T::template zero<tile_c(0, 1)>();
-      if constexpr (NB == 2) T::template zero<tile_c(1, 0)>();
-      if constexpr (NB == 2 && NT == 2) T::template zero<tile_c(1, 1)>();
+      // gemm_amx.h's 2 x 2 accumulator helpers, its row groups our weight blocks, its blocks our token groups
+      using Tiles = TileGemm<T>;
+      Tiles::template zero_c<NB, NT>();
       T::template load<tile_a(0)>(k.codes + g * a_step, a_bytes);
       if constexpr (NB == 2) T::template load<tile_a(1)>(k.codes + 16 * k.k + g * a_step, a_bytes);
       T::template load<tile_b(0)>(k.x.pairs + g * b_step, 64);
       if constexpr (NT == 2) T::template load<tile_b(1)>(k.x.pairs + k.x.tg_bytes + g * b_step, 64);
-      T::template dpbf16ps<tile_c(0, 0), tile_a(0), tile_b(0)>();
-      if constexpr (NT == 2) T::template dpbf16ps<tile_c(0, 1), tile_a(0), tile_b(1)>();
-      if constexpr (NB == 2) T::template dpbf16ps<tile_c(1, 0), tile_a(1), tile_b(0)>();
-      if constexpr (NB == 2 && NT == 2) T::template dpbf16ps<tile_c(1, 1), tile_a(1), tile_b(1)>();
-      float* cb = cbuf[g & 1];
-      T::template store<tile_c(0, 0)>(cb, 128);
-      if constexpr (NT == 2) T::template store<tile_c(0, 1)>(cb + 16, 128);
-      if constexpr (NB == 2) T::template store<tile_c(1, 0)>(cb + 16 * 32, 128);
-      if constexpr (NB == 2 && NT == 2) T::template store<tile_c(1, 1)>(cb + 16 * 32 + 16, 128);
+      Tiles::template dots<NB, NT, true>();
+      Tiles::template store_c<NB, NT>(reinterpret_cast<int32_t*>(cbuf[g & 1]));
       if (g > 0) epilogue<NB, NT>(k, cbuf[(g - 1) & 1], f, g - 1);
     }
     epilogue<NB, NT>(k, cbuf[(k.ngroups - 1) & 1], f, k.ngroups - 1);
