@@ -5,8 +5,9 @@
 //     equal to the decoder's value (a kernel that fuses the scales into its sums still applies each
 //     rounding of gguf's formula once: the other columns contribute exact zeros);
 //   * the sums: random bf16 activations against a double dot with the decoded weights, within fp32
-//     summation's bound (k · 2^-23 · Σ|a·w|), for M = 1, 2, 3, 5, 17 rows (the kernels' decode and
-//     prefill paths), rows read at any byte offset (17-byte mxfp4 blocks);
+//     summation's bound (k · 2^-23 · Σ|a·w|; plus the activations' rounding where amx's decode rows take them
+//     as int16), for M = 1, 2, 3, 5, 17 rows (the kernels' decode and prefill paths), rows read at any byte
+//     offset (17-byte mxfp4 blocks);
 //   * the same bits for any split of the n rows.
 // Blocks are random bytes with the fp16 scale fields set to sane values (their byte offsets from ggml's
 // block structs, written out here, not taken from ggml_blocks.h; iq1_m's scale is the top nibbles of the
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "check.h"
+#include "kernels/amx/prefill_rows.h"
 #include "kernels/generic/f16_scalar.h"
 #include "tests.h"
 
@@ -83,6 +85,49 @@ std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int
   return buf;
 }
 
+// Whether isa's gemm_ggml rounds m rows of activations to int16 for `type`: amx below its tiles, the types of
+// avx512/ggml_codes_int16_avx512.h.
+bool int16_activations(const IsaKernels& isa, GgmlType type, int64_t m) {
+  const GgmlType int16_types[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+  return std::string(isa.name) == "amx" && m < amx::ggml_prefill_min_rows() &&
+         std::find(std::begin(int16_types), std::end(int16_types), type) != std::end(int16_types);
+}
+
+// Activation rows at the edges, in one call: row 0 spans 2^-40 .. 2^40 inside every block of 32 (int16
+// activations round its small values), row 1 is zero, row 2 holds an Inf and row 3 a NaN in one block. Rows 0
+// and 1 within the bound and with the bits they get alone (+0 for the zero row), rows 2 and 3 not finite.
+void test_edge_rows(const IsaKernels& isa, GgmlType type, const GgmlTypeTraits& t, const uint8_t* w,
+                    int64_t row_bytes, int64_t n, int64_t k, const std::vector<float>& wv, Rng& rng,
+                    const std::string& what) {
+  const int64_t m = 4, lda = k;
+  std::vector<uint16_t> a(size_t(m * lda), 0);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float v = float(std::ldexp(rng.gauss(), int(rng.below(81)) - 40));
+    a[size_t(kk)] = uint16_t(f32_bits(v) >> 16);
+    a[size_t(2 * lda + kk)] = a[size_t(3 * lda + kk)] = uint16_t(f32_bits(float(rng.gauss())) >> 16);
+  }
+  a[size_t(2 * lda + k / 2)] = 0x7F80;  // +Inf
+  a[size_t(3 * lda + 1)] = 0x7FC0;      // NaN
+  std::vector<float> c(static_cast<size_t>(m * n)), alone(static_cast<size_t>(n));
+  isa.gemm_ggml(t, w, row_bytes, n, k, a.data(), lda, m, c.data(), n);
+  const std::vector<uint16_t> row0(a.begin(), a.begin() + k);
+  const std::vector<float> c0(c.begin(), c.begin() + n);
+  const double worst = ggml_sum_error(row0, lda, 1, wv, n, k, c0, int16_activations(isa, type, m));
+  bool same = true, zero = true, non_finite = true;
+  for (int64_t r = 0; r < 2; ++r) {
+    isa.gemm_ggml(t, w, row_bytes, n, k, a.data() + r * lda, lda, 1, alone.data(), n);
+    same = same && std::memcmp(alone.data(), c.data() + r * n, size_t(n) * 4) == 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    zero = zero && c[size_t(n + i)] == 0.f && !std::signbit(c[size_t(n + i)]);
+    non_finite = non_finite && !std::isfinite(c[size_t(2 * n + i)]) && !std::isfinite(c[size_t(3 * n + i)]);
+  }
+  CHECK(worst <= 1.0 && same && zero && non_finite,
+        what + strf(": edge rows (2^-40..2^40 within bound: worst %.3f of it; alone the same bits %s; zero row +0 %s; "
+                    "Inf / NaN rows not finite %s)", worst, same ? "yes" : "NO", zero ? "yes" : "NO",
+                    non_finite ? "yes" : "NO"));
+}
+
 void test_one(const IsaKernels& isa, const GgmlCase& c, int64_t n, int64_t k, int skew, Rng& rng) {
   const GgmlTypeTraits& t = *find_ggml_type(uint32_t(c.type));
   const std::string what = strf("%s gemm_ggml %s n=%lld k=%lld", isa.name, t.name, (long long)n, (long long)k);
@@ -113,30 +158,43 @@ void test_one(const IsaKernels& isa, const GgmlCase& c, int64_t n, int64_t k, in
     const int64_t n0 = n / 3;  // the same rows in two calls
     isa.gemm_ggml(t, w, row_bytes, n0, k, a.data(), lda, m, split.data(), n);
     isa.gemm_ggml(t, w + n0 * row_bytes, row_bytes, n - n0, k, a.data(), lda, m, split.data() + n0, n);
-    const double worst = ggml_sum_error(a, lda, m, wv, n, k, cbuf);
-    CHECK(worst <= 1.0, what + strf(" M=%lld: fp32 sums within k*2^-23*sum|a*w| (worst %.3f of it)", (long long)m,
-                                    worst));
+    const bool int16 = int16_activations(isa, c.type, m);
+    const double worst = ggml_sum_error(a, lda, m, wv, n, k, cbuf, int16);
+    CHECK(worst <= 1.0, what + strf(" M=%lld: fp32 sums within k*2^-23*sum|a*w|%s (worst %.3f of it)", (long long)m,
+                                    int16 ? " + the int16 activations' rounding" : "", worst));
     CHECK(std::memcmp(cbuf.data(), split.data(), cbuf.size() * 4) == 0,
           what + strf(" M=%lld: the same bits for rows split %lld + %lld", (long long)m, (long long)n0,
                       (long long)(n - n0)));
   }
+  test_edge_rows(isa, c.type, t, w, row_bytes, n, k, wv, rng, what);
 }
 
 }  // namespace
 
 double ggml_sum_error(const std::vector<uint16_t>& a, int64_t lda, int64_t m, const std::vector<float>& wv, int64_t n,
-                      int64_t k, const std::vector<float>& c) {
+                      int64_t k, const std::vector<float>& c, bool int16_activations) {
   double worst = 0;
-  for (int64_t r = 0; r < m; ++r)
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<double> step(size_t(k), 0.0);  // half of x's rounding step at each input
+    for (int64_t kk = 0; int16_activations && kk < k; ++kk) {
+      double block_max = 0;
+      for (int64_t j = kk / 32 * 32; j < kk / 32 * 32 + 32 && j < k; ++j)
+        block_max = std::max(block_max, std::fabs(double(bf16_value(a[size_t(r * lda + j)]))));
+      int e2 = 0;
+      std::frexp(block_max, &e2);  // block_max in [2^(e2-1), 2^e2)
+      step[size_t(kk)] = block_max > 0 ? std::ldexp(1.0, e2 - 1 - 14) : 0;  // (blocks above 2^-100 here)
+    }
     for (int64_t i = 0; i < n; ++i) {
-      double ref = 0, mag = 0;
+      double ref = 0, mag = 0, act = 0;
       for (int64_t kk = 0; kk < k; ++kk) {
         const double p = double(bf16_value(a[size_t(r * lda + kk)])) * wv[size_t(i * k + kk)];
         ref += p;
         mag += std::fabs(p);
+        act += std::fabs(double(wv[size_t(i * k + kk)])) * step[size_t(kk)];
       }
-      worst = std::max(worst, std::fabs(c[size_t(r * n + i)] - ref) / (double(k) * 0x1.0p-23 * mag + 1e-30));
+      worst = std::max(worst, std::fabs(c[size_t(r * n + i)] - ref) / (double(k) * 0x1.0p-23 * mag + act + 1e-30));
     }
+  }
   return worst;
 }
 

@@ -45,9 +45,10 @@ void test_ggml(const std::vector<Isa>& isas, Rng& rng);
 // n rows of k weights of a GGML type: random bytes with sane fp16 scales (edge values first), `skew` bytes in.
 std::vector<uint8_t> random_ggml_rows(GgmlType type, int64_t n, int64_t k, int skew, Rng& rng);
 // The worst |c - Σ a·w| over fp32 summation's bound k · 2^-23 · Σ|a·w| (1 = at the bound): a bf16 rows [m, lda],
-// wv the decoded weights [n, k], c [m, n].
+// wv the decoded weights [n, k], c [m, n]. int16_activations: the bound adds their rounding (int16_activations.h:
+// half a step of 2^(E - 13) per input, E the exponent of its block of 32's largest |a|) times |w|.
 double ggml_sum_error(const std::vector<uint16_t>& a, int64_t lda, int64_t m, const std::vector<float>& wv, int64_t n,
-                      int64_t k, const std::vector<float>& c);
+                      int64_t k, const std::vector<float>& c, bool int16_activations = false);
 // test_ggml_tiles.cpp: GGML rows on AMX tiles (amx/ggml_tiles.h): emulated over portable decoders on every host,
 // the avx512 decoders' bytes, the real tiles' bits
 void test_ggml_tiles(const std::vector<Isa>& isas, Rng& rng);

@@ -1,7 +1,8 @@
 // [NOTE] amx gemm_ggml: GGML rows where they lie (isa_kernels.h's contract) on tdpbf16ps tiles for prefill
 // rows (m >= ggml_prefill_min_rows(), 10: prefill_rows.h says why) of the types ggml_tile_rows.cpp decodes
 // (q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs, iq4_nl, mxfp4); below them, and for the other types,
-// avx512's gemm_ggml (its code kernels / decoded rows).
+// avx512's gemm_ggml_int16 (q8_0, q4_K, q5_K, q6_K, iq4_xs on int16 activations by vpdpwssd, whose [NOTE]
+// says why; the rest avx512's gemm_ggml).
 // Per pass of up to 32 activation rows: the rows as k-pair B tiles (a 16 x 16 dword transpose per 32 inputs
 // of 16 tokens) and, for types with mins, their group sums (ggml_tiles.h's activation_group_sums); then
 // ggml_tiles.h's loop nest decodes each pair of 16 weight rows once and runs them against both token groups.
@@ -14,6 +15,7 @@
 #include "kernels/amx/ggml_tiles.h"
 #include "kernels/amx/prefill_rows.h"
 #include "kernels/amx/tile_ops_native.h"
+#include "kernels/avx512/amx_entry_points.h"
 #include "kernels/isa_kernels.h"
 
 namespace ktmoe {
@@ -85,7 +87,7 @@ ActivationTiles activation_tiles(const uint16_t* a, int64_t lda, int64_t m, int6
 void gemm_ggml(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
                const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc) {
   const GgmlTileRows* rows = m >= ggml_prefill_min_rows() ? ggml_tile_rows(type.id) : nullptr;
-  if (rows == nullptr) return avx512::gemm_ggml(type, w, row_bytes, n, k, a, lda, m, c, ldc);
+  if (rows == nullptr) return avx512::gemm_ggml_int16(type, w, row_bytes, n, k, a, lda, m, c, ldc);
   for (int64_t r0 = 0; r0 < m; r0 += 32) {
     const int64_t mt = std::min<int64_t>(32, m - r0);
     const ActivationTiles x = activation_tiles(a + r0 * lda, lda, mt, k, *rows);

@@ -4,7 +4,7 @@
 // (ggml_codes_avx512.h: the codes widened to exact fp32 lanes in registers, the group scales applied
 // per group, the mins against the call's group sums); per call the activation rows are widened to
 // fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order). Activation
-// rows go in passes of up to kRows over all weight rows (decode, m <= kRows: one pass, each weight byte
+// rows go in passes of up to 4 over all weight rows (decode, m <= 4: one pass, each weight byte
 // read once), each block's codes widened once per pass, the pass's activations kept in L1. Other types decode
 // each weight row exactly (the type's decoder, kernels/ggml/ggml_decode.cpp) into an fp32 row and dot
 // it with every activation row. Output (r, i) depends only on rows r and i: the same bits for any
@@ -25,12 +25,6 @@ namespace {
 
 using namespace ggml_codes;
 
-constexpr int kRows = 4;  // activation rows per pass over a weight row
-// Bytes of the weight stream prefetched ahead, into L2: cold m = 1 rows of 2048 (1536 x 2048, one thread)
-// read 8.0 GB/s of q4_K without, 9.5 / 11.1 / 12.2 / 12.0 GB/s 1 / 2 / 4 / 8 KiB ahead (into L1 2 KiB
-// ahead: 7.5); hot in L2 13.7 (one run each, on a shared 2-core host).
-constexpr int kAhead = 4096;
-
 // Per-thread scratch: fp32 activation rows, their group sums.
 struct CallScratch {
   Scratch x, gsum;
@@ -38,21 +32,18 @@ struct CallScratch {
 thread_local CallScratch tl;
 
 // out[r] = row w (nb blocks of T) . activation row r, r < R: x rows [R][ldx] fp32, gs rows [R][ldg].
+// flatten: the blocks, their lambdas and Rows inline here, so the accumulators stay in registers.
 template <class T, int R>
-void row_dot(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, const float* gs, int64_t ldg, float* out) {
+__attribute__((flatten)) void row_dot(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, const float* gs,
+                                      int64_t ldg, float* out) {
   Rows<R> rows;
-  auto block = [&](auto c0, int64_t b) {
+  for_each_block<T::kBytes>(w, nb, [&](auto c0, int64_t b) {
     for (int r = 0; r < R; ++r) {
       rows.x[r] = x + r * ldx + b * T::kElems;
       if (T::kGsum) rows.gs[r] = gs + r * ldg + b * T::kGsum;
     }
-    const uint8_t* blk = w + b * T::kBytes;
-    for (int off = 0; off < T::kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + off), _MM_HINT_T1);
-    T::template block<decltype(c0)::value>(blk, rows);
-  };
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) unrolled<4>([&](auto u) { block(u, b + u); });
-  for (; b < nb; ++b) block(std::integral_constant<int, 0>{}, b);
+    T::template block<decltype(c0)::value>(w + b * T::kBytes, rows);
+  });
   for (int r = 0; r < R; ++r) out[r] = rows.result(r);
 }
 
@@ -74,22 +65,11 @@ void gemm_codes(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const
         gs[r * ldg + 2 * g] = gs[r * ldg + 2 * g + 1] = s;
       }
   }
-  float out[kRows];
-  for (int64_t r0 = 0; r0 < m; r0 += kRows) {  // a pass's activations (4 rows of k fp32) stay in L1
-    const float* xr = x + r0 * k;
-    const float* gr = gs ? gs + r0 * ldg : nullptr;
-    const int rows = int(std::min<int64_t>(kRows, m - r0));
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* row = w + i * row_bytes;
-      switch (rows) {
-        case 1: row_dot<T, 1>(row, nb, xr, k, gr, ldg, out); break;
-        case 2: row_dot<T, 2>(row, nb, xr, k, gr, ldg, out); break;
-        case 3: row_dot<T, 3>(row, nb, xr, k, gr, ldg, out); break;
-        default: row_dot<T, 4>(row, nb, xr, k, gr, ldg, out); break;
-      }
-      for (int r = 0; r < rows; ++r) c[(r0 + r) * ldc + i] = out[r];
-    }
-  }
+  for_each_row_pass(m, n, [&](int64_t r0, int64_t i, auto rows_c) {
+    float out[4];
+    row_dot<T, decltype(rows_c)::value>(w + i * row_bytes, nb, x + r0 * k, k, gs ? gs + r0 * ldg : nullptr, ldg, out);
+    for (int r = 0; r < decltype(rows_c)::value; ++r) c[(r0 + r) * ldc + i] = out[r];
+  });
 }
 
 // Any decodable type: each weight row decoded exactly into an fp32 row, dotted with every activation row

@@ -40,6 +40,7 @@
 
 #include "kernels/avx512/amx_entry_points.h"
 #include "kernels/avx512/avx512_common.h"
+#include "kernels/avx512/int16_activations.h"
 #include "kernels/int4_affine_format.h"
 #include "kernels/isa_kernels.h"
 #include "kernels/mxfp4_format.h"
@@ -51,39 +52,6 @@ namespace {
 constexpr int64_t kQuadsPerBlock = kMxfp4Group / 4;  // k-quads in a block of 32 inputs
 constexpr int64_t kInt16Ahead = 0;                    // weight prefetch distance (bytes, into L2; 0: none)
 constexpr int64_t kRowChunk = 64;                     // rows quantized at a time (bounds the scratch)
-
-// Rows quantized for the dot: x int16 [rows][kp]; per (row, block of 32) the scale 2^-(s + 1) and Σ x.
-struct QuantRows {
-  int16_t* x;
-  float* scale;
-  int32_t* xsum;
-  int64_t kp, nj;  // nj = kp / 32
-};
-
-// a: bf16 rows [rows, lda] -> q (kp a multiple of 32). A block holding Inf or NaN: x = 0, scale NaN.
-void quantize(const uint16_t* a, int64_t lda, int64_t rows, const QuantRows& q) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < q.nj; ++j) {
-      const uint16_t* src = a + r * lda + j * kMxfp4Group;
-      const __m512 v0 = bf16x16_to_f32(src), v1 = bf16x16_to_f32(src + 16);
-      const __m512i mx = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs_mask),
-                                          _mm512_and_si512(_mm512_castps_si512(v1), abs_mask));
-      const int s = mxfp4_block_shift(_mm512_reduce_max_epu32(mx));
-      q.scale[r * q.nj + j] = mxfp4_block_scale(s);
-      int16_t* x = q.x + r * q.kp + j * kMxfp4Group;
-      if (s == kMxfp4NonFinite) {
-        _mm512_storeu_si512(x, _mm512_setzero_si512());
-        q.xsum[r * q.nj + j] = 0;
-        continue;
-      }
-      const __m512 f = _mm512_set1_ps(mxfp4_pow2(s));
-      const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, f)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, f));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), _mm512_cvtsepi32_epi16(i0));  // |x| <= 2^14: no saturation
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 16), _mm512_cvtsepi32_epi16(i1));
-      q.xsum[r * q.nj + j] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-    }
-}
 
 // The weights as the tiles read them.
 struct NibbleMatrix {
@@ -208,13 +176,11 @@ template <class P, int64_t kAhead>
 void gemm(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0, int64_t b1, float* c,
           int64_t ldc) {
   if (m <= 0 || b1 <= b0) return;
-  const int64_t kp = w->kp, nj = kp / kMxfp4Group, chunk = std::min(m, kRowChunk);
+  const int64_t kp = w->kp, chunk = std::min(m, kRowChunk);
   const NibbleMatrix wt{packed_data(w), packed_scales(w), int4a_block_data_bytes(kp), kp / w->group,
                         w->group / kMxfp4Group};
-  static thread_local Scratch buf;  // x [chunk][kp] int16, then scale [chunk][nj] fp32 and xsum [chunk][nj] int32
-  uint8_t* s = buf.at_least(size_t(chunk * (kp * 2 + nj * 8)));
-  const QuantRows q{reinterpret_cast<int16_t*>(s), reinterpret_cast<float*>(s + chunk * kp * 2),
-                    reinterpret_cast<int32_t*>(s + chunk * (kp * 2 + nj * 4)), kp, nj};
+  static thread_local Scratch buf;
+  const QuantRows q = quant_rows(buf, chunk, kp);
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
     quantize(a + r0 * lda, lda, rows, q);
