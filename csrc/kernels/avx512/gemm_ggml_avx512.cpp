@@ -3,9 +3,8 @@
 // q8_0, q4_K, q5_K, q6_K and iq4_xs (the types of Q8_0, Q4_K_M, Q5_K_M, IQ4_XS) run code kernels
 // (ggml_codes_avx512.h: the codes widened to exact fp32 lanes in registers, the group scales applied
 // per group, the mins against the call's group sums); per call the activation rows are widened to
-// fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order). Activation
-// rows go in passes of up to 4 over all weight rows (decode, m <= 4: one pass, each weight byte
-// read once), each block's codes widened once per pass, the pass's activations kept in L1. Other types decode
+// fp32 once, and for types with mins each 32-group's Σ x is summed (fp32, in a fixed order); then
+// ggml_row_groups.h's passes over the weight rows. Other types decode
 // each weight row exactly (the type's decoder, kernels/ggml/ggml_decode.cpp) into an fp32 row and dot
 // it with every activation row. Output (r, i) depends only on rows r and i: the same bits for any
 // split of n or m.
@@ -16,6 +15,7 @@
 
 #include "kernels/avx512/avx512_common.h"
 #include "kernels/avx512/ggml_codes_avx512.h"
+#include "kernels/avx512/ggml_row_groups.h"
 #include "kernels/ggml/ggml_code_kernels.h"
 #include "kernels/isa_kernels.h"
 
@@ -30,22 +30,6 @@ struct CallScratch {
   Scratch x, gsum;
 };
 thread_local CallScratch tl;
-
-// out[r] = row w (nb blocks of T) . activation row r, r < R: x rows [R][ldx] fp32, gs rows [R][ldg].
-// flatten: the blocks, their lambdas and Rows inline here, so the accumulators stay in registers.
-template <class T, int R>
-__attribute__((flatten)) void row_dot(const uint8_t* w, int64_t nb, const float* x, int64_t ldx, const float* gs,
-                                      int64_t ldg, float* out) {
-  Rows<R> rows;
-  for_each_block<T::kBytes>(w, nb, [&](auto c0, int64_t b) {
-    for (int r = 0; r < R; ++r) {
-      rows.x[r] = x + r * ldx + b * T::kElems;
-      if (T::kGsum) rows.gs[r] = gs + r * ldg + b * T::kGsum;
-    }
-    T::template block<decltype(c0)::value>(w + b * T::kBytes, rows);
-  });
-  for (int r = 0; r < R; ++r) out[r] = rows.result(r);
-}
 
 // w: n rows of row_bytes (k / T::kElems blocks), a: bf16 rows [m, lda], c[r * ldc + i].
 template <class T>
@@ -65,11 +49,7 @@ void gemm_codes(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const
         gs[r * ldg + 2 * g] = gs[r * ldg + 2 * g + 1] = s;
       }
   }
-  for_each_row_pass(m, n, [&](int64_t r0, int64_t i, auto rows_c) {
-    float out[4];
-    row_dot<T, decltype(rows_c)::value>(w + i * row_bytes, nb, x + r0 * k, k, gs ? gs + r0 * ldg : nullptr, ldg, out);
-    for (int r = 0; r < decltype(rows_c)::value; ++r) c[(r0 + r) * ldc + i] = out[r];
-  });
+  ggml_rows::gemm_rows<T, Rows>(w, row_bytes, n, nb, m, Acts32{x, k, gs, ldg}, c, ldc);
 }
 
 // Any decodable type: each weight row decoded exactly into an fp32 row, dotted with every activation row

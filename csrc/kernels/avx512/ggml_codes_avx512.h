@@ -13,12 +13,12 @@
 //   * q6_K: ql's nibble | qh's 2 bits << 4, minus 32, built 64 codes at a time in int8 lanes (16-bit
 //     variable shifts, one bit select), kept in an L1 buffer, then vpmovsxbd + vcvtdq2ps;
 //   * q8_0: vpmovsxbd + vcvtdq2ps.
-// Each (row, group) then adds to its accumulator (one of kChains chains per row, so the FMA latency
-// overlaps), with x the activations as fp32:
+// Each (activation row, weight row, group) then adds to its accumulator (ggml_row_groups.h runs weight rows
+// side by side, so the FMA latency overlaps), with x the activations as fp32:
 //   32-weight groups   t = x0·q0 + x1·q1 (a multiply, an FMA), acc = fma(s_g, t, acc);
 //   16-weight groups   acc = fma(x, s_g · q, acc)   (s_g · q is gguf's weight itself);
 //   mins (q4_K, q5_K)  corr = fma(m_g, Σ_g x, corr)  (8 lanes, Σ_g x from the call's group sums);
-//   the row            c = (sum of the chains' lanes) − (sum of corr's lanes).
+//   the output         c = the lane sum of acc − corr.
 // A unit activation row therefore reads back gguf's weight exactly: t = q exactly, fma(s_g, q, 0) is
 // round(s_g · q), every other product is an exact zero, and corr = m_g: round(round(s_g·q) − m_g).
 // Random rows give fp32 sums of exact products (within fp32 summation's bound). Every row sees the
@@ -43,8 +43,6 @@ namespace ktmoe {
 namespace avx512 {
 namespace ggml_codes {
 
-constexpr int kChains = 4;  // accumulator chains per activation row
-
 // f(std::integral_constant<int, I>{}) for I = 0 .. N-1, unrolled at compile time.
 template <class F, int... I>
 inline void unrolled_seq(F& f, std::integer_sequence<int, I...>) {
@@ -59,35 +57,6 @@ inline void unrolled(F&& f) {
 // read 8.0 GB/s of q4_K without, 9.5 / 11.1 / 12.2 / 12.0 GB/s 1 / 2 / 4 / 8 KiB ahead (into L1 2 KiB
 // ahead: 7.5); hot in L2 13.7 (one run each, on a shared 2-core host).
 constexpr int kAhead = 4096;
-
-// f(c0, b) for each block b < nb of a weight row at w (blocks of `bytes`), c0 = b % 4 as a compile-time
-// chain index, each block's line kAhead bytes ahead prefetched first.
-template <int kBytes, class F>
-inline void for_each_block(const uint8_t* w, int64_t nb, F&& f) {
-  auto one = [&](auto c0, int64_t b) {
-    for (int off = 0; off < kBytes; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(w + b * kBytes + kAhead + off), _MM_HINT_T1);
-    f(c0, b);
-  };
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) unrolled<4>([&](auto u) { one(u, b + u); });
-  for (; b < nb; ++b) one(std::integral_constant<int, 0>{}, b);
-}
-
-// f(r0, i, std::integral_constant<int, R>{}) for every weight row i < n of each pass of R <= 4 activation
-// rows from r0 (a pass's activations stay in L1 while all weight rows stream by).
-template <class F>
-inline void for_each_row_pass(int64_t m, int64_t n, F&& f) {
-  for (int64_t r0 = 0; r0 < m; r0 += 4) {
-    const int64_t rows = m - r0 < 4 ? m - r0 : 4;
-    for (int64_t i = 0; i < n; ++i) switch (rows) {
-        case 1: f(r0, i, std::integral_constant<int, 1>{}); break;
-        case 2: f(r0, i, std::integral_constant<int, 2>{}); break;
-        case 3: f(r0, i, std::integral_constant<int, 3>{}); break;
-        default: f(r0, i, std::integral_constant<int, 4>{}); break;
-      }
-  }
-}
 
 // 16 bytes at p as 16 int32 lanes, zero / sign extended.
 inline __m512i u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -107,58 +76,75 @@ inline void in_memory(V (&a)[N]) {
   asm("" : "+m"(a));
 }
 
-// The accumulators of R activation rows against one weight row.
-template <int R>
+// The call's activation rows as the fp32 kernels read them: x [m][k] fp32, gs [m][ldg] the group sums (types
+// with mins: Σ x of each 32-group j at lanes 2j and 2j + 1 of its block's 16; else null).
+struct Acts32 {
+  const float* x;
+  int64_t k;
+  const float* gs;
+  int64_t ldg;
+};
+
+// The accumulators of R activation rows against NR weight rows (ggml_row_groups.h's Rows policy): one chain
+// per (activation row, weight row).
+template <int R, int NR>
 struct Rows {
-  __m512 acc[R][kChains];
-  __m512 corr[R];
+  __m512 acc[R][NR];
+  __m512 corr[R][NR];
   const float* x[R];   // fp32 activations of the current block
   const float* gs[R];  // group sums of the current block (types with mins)
 
-  Rows() {
+  Rows(const Acts32& a, int64_t r0) {
     for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_ps();
-      corr[r] = _mm512_setzero_ps();
+      for (int j = 0; j < NR; ++j) acc[r][j] = corr[r][j] = _mm512_setzero_ps();
+      x[r] = a.x + (r0 + r) * a.k;
+      gs[r] = a.gs ? a.gs + (r0 + r) * a.ldg : nullptr;
     }
   }
 
-  // A 32-weight group at element e of the block, codes q0 (e .. e+15) and q1 (e+16 .. e+31), scale s.
-  template <int C>
+  // A 32-weight group of weight row J at element e of the block, codes q0 (e .. e+15) and q1 (e+16 .. e+31),
+  // scale s.
+  template <int J>
   inline void group32(__m512 s, int e, __m512 q0, __m512 q1) {
     for (int r = 0; r < R; ++r) {
       const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(x[r] + e + 16), q1, _mm512_mul_ps(_mm512_loadu_ps(x[r] + e), q0));
-      acc[r][C % kChains] = _mm512_fmadd_ps(s, t, acc[r][C % kChains]);
+      acc[r][J] = _mm512_fmadd_ps(s, t, acc[r][J]);
     }
   }
 
-  // A 16-weight group at element e: its weights w = s · q (gguf's, one rounding).
-  template <int C>
+  // A 16-weight group of weight row J at element e: its weights w = s · q (gguf's, one rounding).
+  template <int J>
   inline void group16(__m512 w, int e) {
-    for (int r = 0; r < R; ++r) acc[r][C % kChains] = _mm512_fmadd_ps(_mm512_loadu_ps(x[r] + e), w, acc[r][C % kChains]);
+    for (int r = 0; r < R; ++r) acc[r][J] = _mm512_fmadd_ps(_mm512_loadu_ps(x[r] + e), w, acc[r][J]);
   }
 
-  // corr += m · gs on the lanes of k (the block's mins against its group sums).
+  // corr += m · gs on the lanes of k (weight row J's block mins against its group sums).
+  template <int J>
   inline void mins(__m512 m, __mmask16 k) {
-    for (int r = 0; r < R; ++r) corr[r] = _mm512_mask3_fmadd_ps(m, _mm512_loadu_ps(gs[r]), corr[r], k);
+    for (int r = 0; r < R; ++r) corr[r][J] = _mm512_mask3_fmadd_ps(m, _mm512_loadu_ps(gs[r]), corr[r][J], k);
   }
 
-  inline float result(int r) const {
-    const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
-    return _mm512_reduce_add_ps(s) - _mm512_reduce_add_ps(corr[r]);
+  inline void next_block(int elems) {
+    for (int r = 0; r < R; ++r) {
+      x[r] += elems;
+      if (gs[r]) gs[r] += elems / 16;
+    }
   }
+
+  inline __m512 total(int r, int j) const { return _mm512_sub_ps(acc[r][j], corr[r][j]); }
 };
 
 // ---- the types: kElems / kBytes per block, kGsum group-sum floats per block (0: no mins), and
-// block<C0>(b, rows): the block at b into rows, its first group on chain C0.
+// block<J>(b, rows): the block at b of weight row J into rows.
 
 // q8_0: d (fp16), 32 int8 codes.
 struct Q8_0 {
   static constexpr GgmlType kType = GgmlType::kQ8_0;
   static constexpr int kElems = 32, kBytes = 34, kGsum = 0;
-  template <int C0, int R>
-  static inline void block(const uint8_t* b, Rows<R>& rows) {
+  template <int J, int R, int NR>
+  static inline void block(const uint8_t* b, Rows<R, NR>& rows) {
     const __m512 q0 = _mm512_cvtepi32_ps(s8x16(b + 2)), q1 = _mm512_cvtepi32_ps(s8x16(b + 18));
-    rows.template group32<C0>(f16_all(b), 0, q0, q1);
+    rows.template group32<J>(f16_all(b), 0, q0, q1);
   }
 };
 
@@ -188,20 +174,20 @@ struct Q4_K {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(v), d_dmin);
   }
 
-  template <int C0, int R>
-  static inline void block(const uint8_t* b, Rows<R>& rows) {
+  template <int J, int R, int NR>
+  static inline void block(const uint8_t* b, Rows<R, NR>& rows) {
     alignas(64) float sm[16];
     const __m512 v = scales_mins(b);
     _mm512_store_ps(sm, v);
     in_memory(sm);
-    rows.mins(v, 0xAAAA);
+    rows.template mins<J>(v, 0xAAAA);
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     unrolled<4>([&](auto c) {
       const uint8_t* qs = b + 16 + 32 * c;
       const __m512i z0 = u8x16(qs), z1 = u8x16(qs + 16);
-      rows.template group32<C0 + 2 * c>(_mm512_set1_ps(sm[4 * c]), 64 * c,
+      rows.template group32<J>(_mm512_set1_ps(sm[4 * c]), 64 * c,
                                         _mm512_permutexvar_ps(z0, iota), _mm512_permutexvar_ps(z1, iota));
-      rows.template group32<C0 + 2 * c + 1>(_mm512_set1_ps(sm[4 * c + 2]), 64 * c + 32,
+      rows.template group32<J>(_mm512_set1_ps(sm[4 * c + 2]), 64 * c + 32,
                                             _mm512_cvtepi32_ps(_mm512_srli_epi32(z0, 4)),
                                             _mm512_cvtepi32_ps(_mm512_srli_epi32(z1, 4)));
     });
@@ -214,13 +200,13 @@ struct Q5_K {
   static constexpr GgmlType kType = GgmlType::kQ5_K;
   static constexpr int kElems = 256, kBytes = 176, kGsum = Q4_K::kGsum;
 
-  template <int C0, int R>
-  static inline void block(const uint8_t* b, Rows<R>& rows) {
+  template <int J, int R, int NR>
+  static inline void block(const uint8_t* b, Rows<R, NR>& rows) {
     alignas(64) float sm[16];
     const __m512 v = Q4_K::scales_mins(b);
     _mm512_store_ps(sm, v);
     in_memory(sm);
-    rows.mins(v, 0xAAAA);
+    rows.template mins<J>(v, 0xAAAA);
     // 0..31 over two 16-entry halves: vpermt2ps reads the index's low 5 bits (nibble, then qh's bit at 4)
     const __m512 lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 hi = _mm512_add_ps(lo, _mm512_set1_ps(16));
@@ -238,7 +224,7 @@ struct Q5_K {
         // low4 ? nibble : top
         return _mm512_permutex2var_ps(lo, _mm512_ternarylogic_epi32(low4, nib, top(half), 0xCA), hi);
       };
-      rows.template group32<C0 + j>(_mm512_set1_ps(sm[2 * j]), 32 * j, codes(0), codes(1));
+      rows.template group32<J>(_mm512_set1_ps(sm[2 * j]), 32 * j, codes(0), codes(1));
     });
   }
 };
@@ -273,15 +259,15 @@ struct Q6_K {
     }
   }
 
-  template <int C0, int R>
-  static inline void block(const uint8_t* b, Rows<R>& rows) {
+  template <int J, int R, int NR>
+  static inline void block(const uint8_t* b, Rows<R, NR>& rows) {
     alignas(64) int8_t q[256];
     codes(b, q);
     alignas(64) float s[16];
     _mm512_store_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(s8x16(b + 192)), f16_all(b + 208)));
     in_memory(s);
     unrolled<16>([&](auto g) {
-      rows.template group16<C0 + g>(_mm512_mul_ps(_mm512_set1_ps(s[g]), _mm512_cvtepi32_ps(s8x16(q + 16 * g))), 16 * g);
+      rows.template group16<J>(_mm512_mul_ps(_mm512_set1_ps(s[g]), _mm512_cvtepi32_ps(s8x16(q + 16 * g))), 16 * g);
     });
   }
 };
@@ -302,15 +288,15 @@ struct IQ4_XS {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(ls), f16_all(b));
   }
 
-  template <int C0, int R>
-  static inline void block(const uint8_t* b, Rows<R>& rows) {
+  template <int J, int R, int NR>
+  static inline void block(const uint8_t* b, Rows<R, NR>& rows) {
     alignas(64) float s[16];
     _mm512_store_ps(s, scales(b));
     in_memory(s);
     const __m512 levels = _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
     unrolled<8>([&](auto j) {
       const __m512i z = u8x16(b + 8 + 16 * j);
-      rows.template group32<C0 + j>(_mm512_set1_ps(s[j]), 32 * j, _mm512_permutexvar_ps(z, levels),
+      rows.template group32<J>(_mm512_set1_ps(s[j]), 32 * j, _mm512_permutexvar_ps(z, levels),
                                     _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), levels));
     });
   }

@@ -16,8 +16,8 @@
 //   d = vpdpwssd(0, codes, x)            16 int32 lanes of exact pair sums (|d| < 2^24 but for q8_0 / iq4_xs)
 //   acc = fma(s_g · xs, float(d), acc)   s_g the group's fp32 scale as gguf rounds it, xs a power of two
 // (q6_K's 16-weight groups: lanes 0-7 and 8-15 of one d take their own scale, one vector), and q4_K / q5_K's
-// mins corr = fma(m_g · xs, Σ_g x, corr) on the odd lanes of [s_0, m_0, s_1, m_1, ...]; the row's output is
-// (sum of the chains' lanes) − (sum of corr's lanes), as the fp32 kernels'. A unit activation row (x = 2^13,
+// mins corr = fma(m_g · xs, Σ_g x, corr) on the odd lanes of [s_0, m_0, s_1, m_1, ...]; the output is the
+// lane sum of acc − corr, as the fp32 kernels' (ggml_row_groups.h runs both). A unit activation row (x = 2^13,
 // xs = 2^-13) therefore still reads back gguf's weight exactly: s_g · xs · float(q · 2^13) is the exact
 // s_g · q, rounded once by the FMA, and corr = m_g. Random rows: fp32 sums of exact products of the rounded
 // activations (within fp32 summation's bound plus x's rounding). s_g · xs is exact while it stays a normal
@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "kernels/avx512/ggml_codes_avx512.h"
+#include "kernels/avx512/int16_activations.h"
 #include "kernels/ggml/ggml_blocks.h"
 
 namespace ktmoe {
@@ -57,9 +58,14 @@ inline __m512 pairs8(const float* p) {
                                _mm512_castps256_ps512(_mm256_loadu_ps(p)));
 }
 
-// The accumulators of R activation rows against NR weight rows: one chain per (activation row r, weight row
-// j), so each output sees the same FMA sequence whatever R and NR (the caller's NR weight rows give the
-// independent chains that hide the FMA latency).
+// The call's activation rows as int16 (int16_activations.h), with xs [m][q.nj] their scales back 2^-s.
+struct Acts16 {
+  const QuantRows* q;
+  const float* xs;
+};
+
+// The accumulators of R activation rows against NR weight rows (ggml_row_groups.h's Rows policy): one chain
+// per (activation row, weight row).
 template <int R, int NR>
 struct Rows16 {
   __m512 acc[R][NR];
@@ -68,9 +74,13 @@ struct Rows16 {
   const float* xs[R];      // their scale back 2^-s per 32-block of the current block
   const int32_t* xsum[R];  // their Σ x per 32-block of the current block
 
-  Rows16() {
-    for (int r = 0; r < R; ++r)
+  Rows16(const Acts16& a, int64_t r0) {
+    for (int r = 0; r < R; ++r) {
       for (int j = 0; j < NR; ++j) acc[r][j] = corr[r][j] = _mm512_setzero_ps();
+      x[r] = a.q->x + (r0 + r) * a.q->kp;
+      xs[r] = a.xs + (r0 + r) * a.q->nj;
+      xsum[r] = a.q->xsum + (r0 + r) * a.q->nj;
+    }
   }
 
   // 32 weights of weight row J at element e of the block: acc += scale(r) · Σ pairs(codes · x[r][e ..]),
@@ -95,21 +105,12 @@ struct Rows16 {
     }
   }
 
-  // The block pointers one block on.
   inline void next_block(int elems) {
     for (int r = 0; r < R; ++r) x[r] += elems, xs[r] += elems / 32, xsum[r] += elems / 32;
   }
-};
 
-// The lane sums of v[0 .. 3] in lanes 0 .. 3 (one fixed tree per vector: its sum has the same bits whatever
-// the other three hold).
-inline __m128 sums4(const __m512 (&v)[4]) {
-  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
-  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
+  inline __m512 total(int r, int j) const { return _mm512_sub_ps(acc[r][j], corr[r][j]); }
+};
 
 // ---- the types: kElems / kBytes per block and block<J>(b, rows): the block at b of weight row J into rows.
 
