@@ -30,7 +30,14 @@ void gemm_codes_int16(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
   // xs: x's scale back 2^-s = 2 · q.scale (q.scale is the nibble formats' 2^-(s + 1)), exact; NaN stays NaN
   float* xs = q.scale;
   for (int64_t i = 0; i < m * q.nj; ++i) xs[i] *= 2;
-  ggml_rows::gemm_rows<T, ggml_int16::Rows16>(w, row_bytes, n, k / T::kElems, m, ggml_int16::Acts16{&q, xs}, c, ldc);
+  int16_t* xp = nullptr;
+  if constexpr (T::kPermuted) {
+    static thread_local Scratch perm;
+    xp = reinterpret_cast<int16_t*>(perm.at_least(size_t(m * k) * 2));
+    for (int64_t r = 0; r < m; ++r) T::permute(q.x + r * k, xp + r * k, k);
+  }
+  ggml_rows::gemm_rows<T, ggml_int16::Rows16>(w, row_bytes, n, k / T::kElems, m, ggml_int16::Acts16{&q, xs, xp}, c,
+                                              ldc);
 }
 
 }  // namespace

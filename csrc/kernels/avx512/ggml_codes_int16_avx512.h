@@ -5,12 +5,12 @@
 // widening codes to fp32 lanes (vpmovzxbd, vpermps / vcvtdq2ps) and three FMAs a row (q4_K read at 57-62 % of
 // the read roof), where vpdpwssd takes 32 int16 products a cycle on either vector port. Here the codes stay
 // exact small integers in int16 lanes, 32 weights a zmm, in the activations' order:
-//   q4_K   a 32-byte chunk vpmovzxbw'ed: its low nibbles (& 15) are sub-block 2c, its high ones (>> 4) 2c + 1;
+//   q4_K   64 bytes of nibbles as they lie, four codes a word picked by a shift and a mask, the activations
+//          laid out to match once per call (Q4_K below);
 //   q5_K   the same nibbles with qh's bit j moved to bit 4 (a shift, a mask, a bit select);
 //   q6_K   ggml_codes_avx512.h's 256 int8 codes (q - 32) of the block, vpmovsxbw 32 at a time;
 //   q8_0   the 32 int8 codes, vpmovsxbw;
-//   iq4_xs the 16 bytes of a sub-block in both halves of a zmm (vpmovzxbw of a broadcast), shifted by 0 / 4
-//          per half (vpsrlvw), then vpermw over the 16 levels (int16): its 32 weights in element order.
+//   iq4_xs as q4_K, each code then a vpermw over the 16 levels (int16) (IQ4_XS below);
 // With x the activations as int16 (int16_activations.h: x = a · 2^s per 32-block, xs = 2^-s its exact scale
 // back), each (row, 32 weights) adds
 //   d = vpdpwssd(0, codes, x)            16 int32 lanes of exact pair sums (|d| < 2^24 but for q8_0 / iq4_xs)
@@ -59,9 +59,11 @@ inline __m512 pairs8(const float* p) {
 }
 
 // The call's activation rows as int16 (int16_activations.h), with xs [m][q.nj] their scales back 2^-s.
+// A type with kPermuted reads them in its own order per block (its permute), from xp.
 struct Acts16 {
   const QuantRows* q;
   const float* xs;
+  const int16_t* xp;  // q's x laid out for the type (T::permute), or null: q.x as it is
 };
 
 // The accumulators of R activation rows against NR weight rows (ggml_row_groups.h's Rows policy): one chain
@@ -77,7 +79,7 @@ struct Rows16 {
   Rows16(const Acts16& a, int64_t r0) {
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < NR; ++j) acc[r][j] = corr[r][j] = _mm512_setzero_ps();
-      x[r] = a.q->x + (r0 + r) * a.q->kp;
+      x[r] = (a.xp ? a.xp : a.q->x) + (r0 + r) * a.q->kp;
       xs[r] = a.xs + (r0 + r) * a.q->nj;
       xsum[r] = a.q->xsum + (r0 + r) * a.q->nj;
     }
@@ -93,17 +95,46 @@ struct Rows16 {
     }
   }
 
+  // 64 weights of weight row J whose codes c0 / c1 pair with the 32 activations at e / e + 32: acc +=
+  // scale(r) · Σ pairs(c0 · x[r][e ..] + c1 · x[r][e + 32 ..]).
+  template <int J, class Scale>
+  inline void dot2(int e, __m512i c0, __m512i c1, Scale&& scale) {
+    for (int r = 0; r < R; ++r) {
+      const __m512i d = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), c0, _mm512_loadu_si512(x[r] + e)),
+                                            c1, _mm512_loadu_si512(x[r] + e + 32));
+      acc[r][J] = _mm512_fmadd_ps(scale(r), _mm512_cvtepi32_ps(d), acc[r][J]);
+    }
+  }
+
+  // 128 weights of weight row J whose codes c0 .. c3 pair with the 32 activations at e, e + 32, e + 64, e + 96:
+  // acc += scale(r) · their Σ pairs.
+  template <int J, class Scale>
+  inline void dot4(int e, __m512i c0, __m512i c1, __m512i c2, __m512i c3, Scale&& scale) {
+    for (int r = 0; r < R; ++r) {
+      __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), c0, _mm512_loadu_si512(x[r] + e));
+      d = _mm512_dpwssd_epi32(d, c1, _mm512_loadu_si512(x[r] + e + 32));
+      d = _mm512_dpwssd_epi32(d, c2, _mm512_loadu_si512(x[r] + e + 64));
+      d = _mm512_dpwssd_epi32(d, c3, _mm512_loadu_si512(x[r] + e + 96));
+      acc[r][J] = _mm512_fmadd_ps(scale(r), _mm512_cvtepi32_ps(d), acc[r][J]);
+    }
+  }
+
   // q4_K / q5_K's 256-blocks of weight row J: sx[r] = [s_j · xs_j, m_j · xs_j] interleaved (lanes 2j, 2j + 1),
-  // and the mins corr += m_j · xs_j · Σ_j x on the odd lanes.
+  // and the mins corr += m_j · xs_j · Σ_j x on the odd lanes. The activations' [xs_j, xs_j] and [Σ_j x, Σ_j x]
+  // are built once per block, at weight row 0.
   template <int J>
   inline void scales_mins(__m512 sm, float (&sx)[R][16]) {
     for (int r = 0; r < R; ++r) {
-      const __m512 v = _mm512_mul_ps(sm, pairs8(xs[r]));
+      if constexpr (J == 0) {
+        xs2[r] = pairs8(xs[r]);
+        gs2[r] = _mm512_cvtepi32_ps(_mm512_castps_si512(pairs8(reinterpret_cast<const float*>(xsum[r]))));
+      }
+      const __m512 v = _mm512_mul_ps(sm, xs2[r]);
       _mm512_storeu_ps(sx[r], v);
-      const __m512 g = _mm512_cvtepi32_ps(_mm512_castps_si512(pairs8(reinterpret_cast<const float*>(xsum[r]))));
-      corr[r][J] = _mm512_mask3_fmadd_ps(v, g, corr[r][J], 0xAAAA);
+      corr[r][J] = _mm512_mask3_fmadd_ps(v, gs2[r], corr[r][J], 0xAAAA);
     }
   }
+  __m512 xs2[R], gs2[R];  // the current block's [xs_j, xs_j] and [Σ_j x, Σ_j x] (scales_mins)
 
   inline void next_block(int elems) {
     for (int r = 0; r < R; ++r) x[r] += elems, xs[r] += elems / 32, xsum[r] += elems / 32;
@@ -112,10 +143,24 @@ struct Rows16 {
   inline __m512 total(int r, int j) const { return _mm512_sub_ps(acc[r][j], corr[r][j]); }
 };
 
-// ---- the types: kElems / kBytes per block and block<J>(b, rows): the block at b of weight row J into rows.
+// Row x of k int16 inputs laid out for nibbles read 64 bytes at a time, sub-blocks of 2G inputs whose low
+// nibbles sit in G words: per 128 inputs, the inputs paired with bits 0-3, 8-11, 4-7 and 12-15 of words
+// 0-31 (word w: inputs e, e + 1, e + 2G, e + 2G + 1 with e = 4G (w / G) + 2 (w % G)).
+template <int G>
+void permute_nibble_inputs(const int16_t* x, int16_t* out, int64_t k) {
+  for (int64_t s = 0; s < k; s += 128)
+    for (int w = 0; w < 32; ++w) {
+      const int64_t e = s + 4 * G * (w / G) + 2 * (w % G);
+      out[s + w] = x[e], out[s + 32 + w] = x[e + 1], out[s + 64 + w] = x[e + 2 * G], out[s + 96 + w] = x[e + 2 * G + 1];
+    }
+}
+
+// ---- the types: kElems / kBytes per block and block<J>(b, rows): the block at b of weight row J into rows;
+// kPermuted types read their activations laid out by permute.
 
 struct Q8_0 {
   static constexpr GgmlType kType = GgmlType::kQ8_0;
+  static constexpr bool kPermuted = false;
   static constexpr int kElems = 32, kBytes = 34;
   template <int J, int R, int NR>
   static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
@@ -126,26 +171,41 @@ struct Q8_0 {
   }
 };
 
+// q4_K reads 64 bytes at a time (chunks 2h and 2h + 1 of its nibbles) without widening them: in word w,
+// bits 0-3 / 8-11 / 4-7 / 12-15 are the codes of inputs 2w / 2w + 1 of the low sub-blocks (4h for w < 16, 4h + 2
+// above) and of the high ones (4h + 1, 4h + 3), so lanes 0-7 of a dot sum sub-block 4h (or 4h + 1) and lanes
+// 8-15 sub-block 4h + 2 (4h + 3), each with its own scale. The activations are laid out to match once per call
+// (permute).
 struct Q4_K {
   static constexpr GgmlType kType = GgmlType::kQ4_K;
   static constexpr int kElems = 256, kBytes = 144;
+  static constexpr bool kPermuted = true;
+
+  static void permute(const int16_t* x, int16_t* out, int64_t k) { permute_nibble_inputs<16>(x, out, k); }
+
   template <int J, int R, int NR>
   static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
     float sx[R][16];
     rows.template scales_mins<J>(ggml_codes::Q4_K::scales_mins(b), sx);
     in_memory(sx);
     const __m512i low4 = _mm512_set1_epi16(15);
-    ggml_codes::unrolled<4>([&](auto c) {
-      const __m512i z = u8x32(b + 16 + 32 * c);
-      rows.template dot<J>(64 * c, _mm512_and_si512(z, low4), [&](int r) { return _mm512_set1_ps(sx[r][4 * c]); });
-      rows.template dot<J>(64 * c + 32, _mm512_srli_epi16(z, 4),
-                                        [&](int r) { return _mm512_set1_ps(sx[r][4 * c + 2]); });
+    // [sx of sub-block g0] x 8, [sx of g1] x 8
+    auto pair = [&](int r, int g0, int g1) {
+      return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sx[r][2 * g0]), _mm512_set1_ps(sx[r][2 * g1]));
+    };
+    ggml_codes::unrolled<2>([&](auto h) {
+      const __m512i v = _mm512_loadu_si512(b + 16 + 64 * h);
+      rows.template dot2<J>(128 * h, _mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 8), low4),
+                            [&](int r) { return pair(r, 4 * h, 4 * h + 2); });
+      rows.template dot2<J>(128 * h + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_srli_epi16(v, 12),
+                            [&](int r) { return pair(r, 4 * h + 1, 4 * h + 3); });
     });
   }
 };
 
 struct Q5_K {
   static constexpr GgmlType kType = GgmlType::kQ5_K;
+  static constexpr bool kPermuted = false;
   static constexpr int kElems = 256, kBytes = 176;
   template <int J, int R, int NR>
   static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
@@ -169,6 +229,7 @@ struct Q5_K {
 
 struct Q6_K {
   static constexpr GgmlType kType = GgmlType::kQ6_K;
+  static constexpr bool kPermuted = false;
   static constexpr int kElems = 256, kBytes = 210;
   template <int J, int R, int NR>
   static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
@@ -186,22 +247,31 @@ struct Q6_K {
   }
 };
 
+// iq4_xs reads 64 bytes (sub-blocks 4h .. 4h + 3) at a time as q4_K does: in word w, bits 0-3 / 8-11 / 4-7 /
+// 12-15 are levels of inputs 2w', 2w' + 1, 16 + 2w', 17 + 2w' (w' = w % 8) of sub-block 4h + w / 8, each picked
+// by vpermw over the 16 levels (it reads the index's low 5 bits). All four fall in the same lanes' sub-block,
+// lanes 4q .. 4q + 3 holding sub-block 4h + q: one dot of four, one scale vector.
 struct IQ4_XS {
   static constexpr GgmlType kType = GgmlType::kIQ4_XS;
   static constexpr int kElems = 256, kBytes = 136;
+  static constexpr bool kPermuted = true;
+  static void permute(const int16_t* x, int16_t* out, int64_t k) { permute_nibble_inputs<8>(x, out, k); }
+
   template <int J, int R, int NR>
   static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
-    float sx[R][16];
     const __m512 s = ggml_codes::IQ4_XS::scales(b);  // lanes 0-7
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(sx[r], _mm512_mul_ps(s, _mm512_castps256_ps512(_mm256_loadu_ps(rows.xs[r]))));
-    in_memory(sx);
+    __m512 sx[R];
+    for (int r = 0; r < R; ++r) sx[r] = _mm512_mul_ps(s, _mm512_castps256_ps512(_mm256_loadu_ps(rows.xs[r])));
     const __m512i levels = _mm512_load_si512(kIQ4LevelsI16.v);
-    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x00040004, 0x00040004, 0x00040004, 0x00040004,
-                                             0x00040004, 0x00040004, 0x00040004, 0x00040004);
-    ggml_codes::unrolled<8>([&](auto j) {  // low nibbles: weights 0-15, high: 16-31
-      const __m512i z = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * j))));
-      rows.template dot<J>(32 * j, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, halves), levels),
-                                [&](int r) { return _mm512_set1_ps(sx[r][j]); });
+    ggml_codes::unrolled<2>([&](auto h) {
+      const __m512i v = _mm512_loadu_si512(b + 8 + 64 * h);
+      const __m512i q = _mm512_add_epi32(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2),
+                                         _mm512_set1_epi32(4 * h));  // lane l: sub-block 4h + l / 4
+      rows.template dot4<J>(128 * h, _mm512_permutexvar_epi16(v, levels),
+                            _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), levels),
+                            _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), levels),
+                            _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), levels),
+                            [&](int r) { return _mm512_permutexvar_ps(q, sx[r]); });
     });
   }
 };
