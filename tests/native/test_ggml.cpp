@@ -88,7 +88,7 @@ std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int
 // Whether isa's gemm_ggml rounds m rows of activations to int16 for `type`: amx below its tiles, the types of
 // avx512/ggml_codes_int16_avx512.h.
 bool int16_activations(const IsaKernels& isa, GgmlType type, int64_t m) {
-  const GgmlType int16_types[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+  const GgmlType int16_types[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
   return std::string(isa.name) == "amx" && m < amx::ggml_prefill_min_rows() &&
          std::find(std::begin(int16_types), std::end(int16_types), type) != std::end(int16_types);
 }

@@ -1,7 +1,7 @@
 // [NOTE] amx gemm_ggml: GGML rows where they lie (isa_kernels.h's contract) on tdpbf16ps tiles for prefill
 // rows (m >= ggml_prefill_min_rows(), 10: prefill_rows.h says why) of the types ggml_tile_rows.cpp decodes
 // (q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs, iq4_nl, mxfp4); below them, and for the other types,
-// avx512's gemm_ggml_int16 (q8_0, q4_K, q5_K, q6_K, iq4_xs on int16 activations by vpdpwssd, whose [NOTE]
+// avx512's gemm_ggml_int16 (q4_K, q5_K, q6_K, iq4_xs on int16 activations by vpdpwssd, whose [NOTE]
 // says why; the rest avx512's gemm_ggml).
 // Per pass of up to 32 activation rows: the rows as k-pair B tiles (a 16 x 16 dword transpose per 32 inputs
 // of 16 tokens) and, for types with mins, their group sums (ggml_tiles.h's activation_group_sums); then

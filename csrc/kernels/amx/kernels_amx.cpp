@@ -9,7 +9,7 @@
 //                       below the tiles kINT4A runs the int16 kernel too
 //   gemm_ggml_amx.cpp   GGML rows where they lie, weights as A tiles (ggml_tiles.h; ggml_tile_rows.cpp decodes
 //                       q8_0 / q4_0 / q2_K..q6_K / iq4_xs / iq4_nl / mxfp4); below the tiles avx512's int16 decode
-//                       rows for q8_0 / q4_K / q5_K / q6_K / iq4_xs (gemm_ggml_int16_avx512.cpp); other types avx512's
+//                       rows for q4_K / q5_K / q6_K / iq4_xs (gemm_ggml_int16_avx512.cpp); other types avx512's
 //   gemm_amx.h          the tile loop nest, a template over real tiles or the emulator
 //   tile_ops_*.h        the instructions / their plain C++ emulator; tile_config.h the layout
 // Call only when cpu_features().amx (which also holds the Linux tile-data permission).

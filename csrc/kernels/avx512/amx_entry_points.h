@@ -17,7 +17,7 @@ void gemm_mxfp4_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t ld
 void gemm_int4_affine_int16(const PackedMatrixHeader* w, const uint16_t* a, int64_t lda, int64_t m, int64_t b0,
                             int64_t b1, float* c, int64_t ldc);
 
-// gemm_ggml_int16_avx512.cpp: gemm_ggml's contract (isa_kernels.h) on int16 activations for q8_0, q4_K, q5_K,
+// gemm_ggml_int16_avx512.cpp: gemm_ggml's contract (isa_kernels.h) on int16 activations for q4_K, q5_K,
 // q6_K and iq4_xs, avx512's gemm_ggml for the other types. Meant for decode rows.
 void gemm_ggml_int16(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k,
                      const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc);

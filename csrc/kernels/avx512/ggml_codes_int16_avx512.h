@@ -9,11 +9,13 @@
 //          laid out to match once per call (Q4_K below);
 //   q5_K   the same nibbles with qh's bit j moved to bit 4 (a shift, a mask, a bit select);
 //   q6_K   ggml_codes_avx512.h's 256 int8 codes (q - 32) of the block, vpmovsxbw 32 at a time;
-//   q8_0   the 32 int8 codes, vpmovsxbw;
-//   iq4_xs as q4_K, each code then a vpermw over the 16 levels (int16) (IQ4_XS below);
+//   iq4_xs as q4_K, each code then a vpermw over the 16 levels (int16) (IQ4_XS below).
+// q8_0 keeps the fp32 kernel: its codes need one widening either way, and its scale per 32 weights and row
+// (d · xs) cost the int16 route as much as it saved (bench_ggml_rows, 2 threads: 0.79-0.82x at 2-16 rows
+// an expert, 1.04-1.1x at one).
 // With x the activations as int16 (int16_activations.h: x = a · 2^s per 32-block, xs = 2^-s its exact scale
 // back), each (row, 32 weights) adds
-//   d = vpdpwssd(0, codes, x)            16 int32 lanes of exact pair sums (|d| < 2^24 but for q8_0 / iq4_xs)
+//   d = vpdpwssd(0, codes, x)            16 int32 lanes of exact pair sums (|d| < 2^24 but for iq4_xs)
 //   acc = fma(s_g · xs, float(d), acc)   s_g the group's fp32 scale as gguf rounds it, xs a power of two
 // (q6_K's 16-weight groups: lanes 0-7 and 8-15 of one d take their own scale, one vector), and q4_K / q5_K's
 // mins corr = fma(m_g · xs, Σ_g x, corr) on the odd lanes of [s_0, m_0, s_1, m_1, ...]; the output is the
@@ -157,19 +159,6 @@ void permute_nibble_inputs(const int16_t* x, int16_t* out, int64_t k) {
 
 // ---- the types: kElems / kBytes per block and block<J>(b, rows): the block at b of weight row J into rows;
 // kPermuted types read their activations laid out by permute.
-
-struct Q8_0 {
-  static constexpr GgmlType kType = GgmlType::kQ8_0;
-  static constexpr bool kPermuted = false;
-  static constexpr int kElems = 32, kBytes = 34;
-  template <int J, int R, int NR>
-  static inline void block(const uint8_t* b, Rows16<R, NR>& rows) {
-    uint16_t h;
-    std::memcpy(&h, b, 2);
-    const float d = _cvtsh_ss(h);
-    rows.template dot<J>(0, s8x32(b + 2), [&](int r) { return _mm512_set1_ps(d * rows.xs[r][0]); });
-  }
-};
 
 // q4_K reads 64 bytes at a time (chunks 2h and 2h + 1 of its nibbles) without widening them: in word w,
 // bits 0-3 / 8-11 / 4-7 / 12-15 are the codes of inputs 2w / 2w + 1 of the low sub-blocks (4h for w < 16, 4h + 2
