@@ -86,11 +86,12 @@ std::vector<uint8_t> random_rows(const GgmlCase& c, const GgmlTypeTraits& t, int
 }
 
 // Whether isa's gemm_ggml rounds m rows of activations to int16 for `type`: amx below its tiles, the types of
-// avx512/ggml_codes_int16_avx512.h.
+// avx512/ggml_codes_int16_avx512.h (q6_K for 1-2 rows).
 bool int16_activations(const IsaKernels& isa, GgmlType type, int64_t m) {
   const GgmlType int16_types[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
   return std::string(isa.name) == "amx" && m < amx::ggml_prefill_min_rows() &&
-         std::find(std::begin(int16_types), std::end(int16_types), type) != std::end(int16_types);
+         std::find(std::begin(int16_types), std::end(int16_types), type) != std::end(int16_types) &&
+         (type != GgmlType::kQ6_K || m <= 2);
 }
 
 // Activation rows at the edges, in one call: row 0 spans 2^-40 .. 2^40 inside every block of 32 (int16
@@ -113,8 +114,9 @@ void test_edge_rows(const IsaKernels& isa, GgmlType type, const GgmlTypeTraits& 
   const std::vector<uint16_t> row0(a.begin(), a.begin() + k);
   const std::vector<float> c0(c.begin(), c.begin() + n);
   const double worst = ggml_sum_error(row0, lda, 1, wv, n, k, c0, int16_activations(isa, type, m));
+  // a row alone runs the same kernel as in the call of 4 (amx's q6_K does not: int16 for 1-2 rows only)
   bool same = true, zero = true, non_finite = true;
-  for (int64_t r = 0; r < 2; ++r) {
+  for (int64_t r = 0; r < 2 && int16_activations(isa, type, 1) == int16_activations(isa, type, m); ++r) {
     isa.gemm_ggml(t, w, row_bytes, n, k, a.data() + r * lda, lda, 1, alone.data(), n);
     same = same && std::memcmp(alone.data(), c.data() + r * n, size_t(n) * 4) == 0;
   }

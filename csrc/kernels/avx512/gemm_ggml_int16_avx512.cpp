@@ -1,7 +1,7 @@
 // [NOTE] avx512 gemm_ggml_int16: a GGML matrix where it lies against int16 activations, the amx table's
 // decode rows (below its tiles; ggml_codes_int16_avx512.h says why and how).
 //
-// q4_K, q5_K, q6_K and iq4_xs run ggml_codes_int16_avx512.h's kernels: per call the activation rows
+// q4_K, q5_K, q6_K (calls of 1-2 rows) and iq4_xs run ggml_codes_int16_avx512.h's kernels: per call the activation rows
 // become int16 per block of 32 (int16_activations.h), then ggml_row_groups.h's passes over the weight rows.
 // Other types go to avx512's gemm_ggml. Output (r, i) depends only on rows r and i: the same bits for any split of n or m.
 #include <immintrin.h>
@@ -47,7 +47,11 @@ void gemm_ggml_int16(const GgmlTypeTraits& type, const uint8_t* w, int64_t row_b
                      const uint16_t* a, int64_t lda, int64_t m, float* c, int64_t ldc) {
   using namespace ggml_int16;
   ggml::with_code_kernel<Q4_K, Q5_K, Q6_K, IQ4_XS>(
-      type.id, [&](auto t) { gemm_codes_int16<decltype(t)>(w, row_bytes, n, k, a, lda, m, c, ldc); },
+      type.id,
+      [&](auto t) {
+        if (m <= decltype(t)::kMaxRows) gemm_codes_int16<decltype(t)>(w, row_bytes, n, k, a, lda, m, c, ldc);
+        else gemm_ggml(type, w, row_bytes, n, k, a, lda, m, c, ldc);
+      },
       [&] { gemm_ggml(type, w, row_bytes, n, k, a, lda, m, c, ldc); });
 }
 

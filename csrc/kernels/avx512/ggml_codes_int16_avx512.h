@@ -158,7 +158,8 @@ void permute_nibble_inputs(const int16_t* x, int16_t* out, int64_t k) {
 }
 
 // ---- the types: kElems / kBytes per block and block<J>(b, rows): the block at b of weight row J into rows;
-// kPermuted types read their activations laid out by permute.
+// kPermuted types read their activations laid out by permute; calls of more than kMaxRows rows go to the fp32
+// kernel.
 
 // q4_K reads 64 bytes at a time (chunks 2h and 2h + 1 of its nibbles) without widening them: in word w,
 // bits 0-3 / 8-11 / 4-7 / 12-15 are the codes of inputs 2w / 2w + 1 of the low sub-blocks (4h for w < 16, 4h + 2
@@ -167,6 +168,7 @@ void permute_nibble_inputs(const int16_t* x, int16_t* out, int64_t k) {
 // (permute).
 struct Q4_K {
   static constexpr GgmlType kType = GgmlType::kQ4_K;
+  static constexpr int64_t kMaxRows = INT64_MAX;
   static constexpr int kElems = 256, kBytes = 144;
   static constexpr bool kPermuted = true;
 
@@ -194,6 +196,7 @@ struct Q4_K {
 
 struct Q5_K {
   static constexpr GgmlType kType = GgmlType::kQ5_K;
+  static constexpr int64_t kMaxRows = INT64_MAX;
   static constexpr bool kPermuted = false;
   static constexpr int kElems = 256, kBytes = 176;
   template <int J, int R, int NR>
@@ -216,8 +219,12 @@ struct Q5_K {
   }
 };
 
+// q6_K runs here for calls of 1 or 2 rows only: from 3 its per-row scale vectors (two multiplies a 32 weights)
+// cost more than the fp32 kernel's shared decode saves (bench_ggml_rows, avx512 / amx at 1, 2, 4 rows an expert:
+// 1.15-1.24, 1.01-1.03, 0.85-0.86).
 struct Q6_K {
   static constexpr GgmlType kType = GgmlType::kQ6_K;
+  static constexpr int64_t kMaxRows = 2;
   static constexpr bool kPermuted = false;
   static constexpr int kElems = 256, kBytes = 210;
   template <int J, int R, int NR>
@@ -242,6 +249,7 @@ struct Q6_K {
 // lanes 4q .. 4q + 3 holding sub-block 4h + q: one dot of four, one scale vector.
 struct IQ4_XS {
   static constexpr GgmlType kType = GgmlType::kIQ4_XS;
+  static constexpr int64_t kMaxRows = INT64_MAX;
   static constexpr int kElems = 256, kBytes = 136;
   static constexpr bool kPermuted = true;
   static void permute(const int16_t* x, int16_t* out, int64_t k) { permute_nibble_inputs<8>(x, out, k); }
