@@ -7,14 +7,12 @@ functions included; a check of ``sys.modules`` after an import misses those):
 * a wing (``hf/``, ``sglang/``) imports the core and ``checkpoint/``, never another wing or the command line
   (``sglang/`` never transformers);
 * the command line (``cli/``, ``__main__.py``) is the application over all of them;
-* the residency subsystem (reading ahead: ``residency``, ``next_layer``, ``experts_dir``, ``expert_reads``,
-  ``model_warm``) imports no ``layer``.
+* the residency subsystem (reading ahead: the ``residency/`` package) is core and imports no ``layer``.
 """
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "torch_ktmoe"
-RESIDENCY = {"residency", "next_layer", "experts_dir", "expert_reads", "model_warm"}
 WINGS = ("hf", "sglang")
 
 
@@ -43,7 +41,7 @@ def layer_of(path: pathlib.Path) -> str:
     rel = path.relative_to(PACKAGE).parts
     if rel[0] == "cli" or rel == ("__main__.py",):
         return "cli"
-    return rel[0] if len(rel) > 1 else "core"
+    return rel[0] if len(rel) > 1 and rel[0] != "residency" else "core"
 
 
 def forbidden(layer: str, path: pathlib.Path) -> tuple[str, ...]:
@@ -54,7 +52,7 @@ def forbidden(layer: str, path: pathlib.Path) -> tuple[str, ...]:
             "hf": ("torch_ktmoe.sglang", "torch_ktmoe.cli", "sglang"),
             "sglang": ("torch_ktmoe.hf", "torch_ktmoe.cli", "transformers"),
             "cli": ()}[layer]
-    if layer == "core" and path.stem in RESIDENCY:
+    if path.relative_to(PACKAGE).parts[0] == "residency":
         ours += ("torch_ktmoe.layer",)
     return ours
 
@@ -77,6 +75,8 @@ def test_the_walk_sees_imports_inside_functions(tmp_path):
     """What the check reads: a function's relative import, resolved against the package."""
     names = [n for _, n in imports(PACKAGE / "cli" / "pack.py")]
     assert "torch_ktmoe.hf.packed_manifest" in names and "torch_ktmoe.hf" in names
-    assert "torch_ktmoe.layer" not in [n for _, n in imports(PACKAGE / "residency.py")]
+    assert "torch_ktmoe.layer" not in [n for _, n in imports(PACKAGE / "residency" / "layer_reads.py")]
+    assert _hits("torch_ktmoe.layer", forbidden("core", PACKAGE / "residency" / "predictor.py"))
     assert _hits("torch_ktmoe.hf.streaming", forbidden("core", PACKAGE / "layer.py"))
     assert not _hits("torch_ktmoe.hfx", ("torch_ktmoe.hf",))
+

@@ -6,7 +6,7 @@ A stack of ``--layers`` int8 KTMoE layers (``--experts`` 32, top ``--top-k`` 8, 
 layer, 2.9 GB in all), packed once into kept cache files, each with a random router ``[E, H]``; "zipf" adds a
 per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
-the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
+the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.residency.predictor.NextLayerPredictor`,
 k' = ``--k-prime``, default k) and reads them ahead through the reader pool (``--reader-threads``;
 ``--next-layer off``: no predictor, only ``moe_forward``'s own read-ahead of the routed experts;
 ``--next-layer on,off`` alternates the two per routing, ``--rounds`` times). Per routing and mode, one child process
@@ -94,12 +94,12 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
 
     import torch_ktmoe
     from torch_ktmoe import KTMoE
-    from torch_ktmoe.next_layer import NextLayerPredictor
-    from torch_ktmoe.residency import process_read_bytes
+    from torch_ktmoe.residency.predictor import NextLayerPredictor
+    from torch_ktmoe.residency.counters import process_read_bytes
 
     torch.set_num_threads(int(threads))
     if int(reader_threads) >= 0:
-        from torch_ktmoe import expert_reads
+        from torch_ktmoe.residency import reads as expert_reads
 
         expert_reads.set_reader_threads(int(reader_threads))
     dims = json.loads(dims_json)

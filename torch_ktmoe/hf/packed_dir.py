@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from .._native import _C
 from ..arena import WeightArena
-from ..experts_dir import layer_lock_names
+from ..residency.experts_dir import layer_lock_names
 from ..layer import KTMoE
 from .experts import KTMoEExperts, dense_experts, unpacking_disabled
 from .packed_manifest import (
