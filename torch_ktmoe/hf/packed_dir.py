@@ -70,7 +70,7 @@ from .packed_manifest import (
     is_packed_dir,
     read_manifest,
 )
-from .patch import account
+from .vocabulary import account
 
 READ_ONLY_POLICY = "map"  # only reads: no lock file, no cleanup, nothing created or deleted
 
