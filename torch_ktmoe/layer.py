@@ -60,8 +60,8 @@ class KTMoE(LayerReadsView, nn.Module):
         activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``); the ones not given take the row's
             defaults.
         warm, prefetch, residency, next_layer_prefetch: how the layer reads its experts ahead, each ``"auto"``
-            by default: while its experts are in files that do not fit in memory (:class:`~torch_ktmoe.residency.
-            layer_reads.LayerReads` documents the four; outputs are the same whatever they are).
+            by default: while its experts are in files that do not fit in memory
+            (:class:`torch_ktmoe.residency.LayerReads` documents the four; outputs are the same whatever they are).
 
     Expert biases (gpt-oss) are given with :meth:`set_biases` (or to :meth:`load_weights`); they are small fp32
     buffers in anonymous memory, not part of the packed cache files.
