@@ -21,7 +21,9 @@ routed, can get at best) and as % of the best rate under the same memory limit (
 buffered streams in a full cgroup of ``--limit-mib``, where each page read first reclaims one), the share of the
 decode with the disk busy (``disk_roof.disk_busy_ms``: the device's, so the host must be otherwise idle), the
 process's CPU time over the decode (% of one core: near 100 x ``--threads``, the compute sets the pace, not the
-disk), bytes read and major faults per token, the routed experts' hit rate and the predictor's recall.
+disk), bytes read and major faults per token, the routed experts' hit rate, the predictor's recall and the layer
+forwards whose predictions were not read because their recall made them a loss
+(:mod:`torch_ktmoe.residency.prediction_gate`).
 
 ``--prefill T``: instead of decoding, each child runs one forward of T tokens through the stack from the cold
 page cache (the prefill of a long prompt: T·k >> E touches every expert of every layer) and reports its time,
@@ -183,7 +185,7 @@ def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     if "tok_s" not in res:
-        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | | | "
+        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | | | | "
                 f"{load:.1f} |")
     r = res["residency"]
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
@@ -192,7 +194,8 @@ def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | {rate_cell(waiting)} | {rate_cell(overall)} | "
             f"{fmt(res.get('disk_busy_pct'), '.0f')} | {res['cpu_pct']:.0f} | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
-            f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
+            f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {r.get('prediction_off_forwards', '-')} | "
+            f"{res['prefetching']}/"
             f"{res['next_layer_prefetching']} | {load:.1f} |")
 
 
@@ -286,9 +289,9 @@ def main(argv=None) -> int:
         print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of random runs, of best under the "
               "limit) | disk GB/s over decode (same) | disk busy, % of decode | process CPU, % of a core | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or args.top_k}) | "
-              "prefetch / next-layer | "
+              "layer forwards with predictions off (recall < 1/2) | prefetch / next-layer | "
               "load avg |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
         for routing, res in results:
             print(row(routing, res, roof, args.tokens, res["load"]))
         return 0

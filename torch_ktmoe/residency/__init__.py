@@ -8,7 +8,8 @@ one link to the next layer, and plans each forward's reading once (:meth:`LayerR
 * :mod:`.experts_dir` — one experts directory per model: the fit decision, file names, the layers loaded there;
 * :mod:`.model_warm` — the model's background warm (``warm="auto"``);
 * :mod:`.predictor` — the next layer's experts predicted from this layer's hidden state and read ahead;
-* :mod:`.recall` — how many of the routed experts the predictions named;
+* :mod:`.recall` — how many of the routed experts the predictions named; :mod:`.prediction_gate` — whether reading
+  them ahead pays (off while their recall is under 1/2);
 * :mod:`.counters` — routed experts found in RAM or read from disk; :mod:`.report` — a model's figures;
 * :mod:`.reads` — the reader pool: experts' rows read into the page cache with depth;
 * :mod:`.routing` — the one "routed to most experts" test (a prefill).

@@ -6,10 +6,10 @@ A :class:`~torch_ktmoe.KTMoE` owns one ``LayerReads`` (``layer.reads``). It hold
   run), ``prefetch`` (the op reads the routed experts' rows ahead, ``MADV_WILLNEED``), ``residency`` (count routed
   experts found in RAM or read from disk) and ``next_layer_prefetch`` (the previous layer predicts this one's experts
   and reads them ahead), resolved here and nowhere else;
-* what it reads: the layer's :class:`~torch_ktmoe.layer_arenas.LayerArenas` (its experts directory, :mod:`.experts_dir`),
-  or a GGUF file's blocks where they lie, and the packed tensors of the last load;
-* the counters (:mod:`.counters`), the recall of the predictions of this layer (:mod:`.recall`) and the model's
-  background warm (:mod:`.model_warm`);
+* what it reads: the layer's :class:`~torch_ktmoe.layer_arenas.LayerArenas` (its experts directory,
+  :mod:`.experts_dir`), or a GGUF file's blocks where they lie, and the packed tensors of the last load;
+* the counters (:mod:`.counters`), the recall of the predictions of this layer (:mod:`.recall`), whether reading
+  them ahead pays (:mod:`.prediction_gate`) and the model's background warm (:mod:`.model_warm`);
 * **one** link to the next MoE layer's ``LayerReads`` (:attr:`next`), set by whoever wires the model (the Hugging Face
   wing by module order, the sglang wrapper within its model); unset, the directory's layer index order
   (:meth:`ExpertsDir.layer_after`). The predictor of the next layer's experts and a prefill's streaming of the next
@@ -30,6 +30,7 @@ import torch
 
 from .counters import LayerResidency, empty_stats
 from .modes import check_modes
+from .prediction_gate import PredictionGate
 from .recall import PredictionRecall
 from .routing import routed_to_most
 
@@ -84,6 +85,7 @@ class LayerReads:
         self.file_backed = False  # whether the last load left experts in files
         self.counters: Optional[LayerResidency] = None  # file-backed experts: hits / misses
         self.recall = PredictionRecall()  # the previous layer's predictions of this one
+        self.gate = PredictionGate()  # whether reading those predictions ahead pays (their recall)
         self.model_warm = None  # warm="auto": the model's background warm (ModelWarm)
         self.stream_off: Optional[str] = None  # why streaming the next layer was switched off
         self._next: Optional[Callable] = None  # the link: a weakref to the next LayerReads; None: unset
@@ -184,7 +186,9 @@ class LayerReads:
         if compiling:
             return ReadPlan(prefetch, False, False)
         if self.recall.pending is not None:
-            self.recall.observe(topk_ids)  # the previous layer predicted this forward's experts
+            result = self.recall.observe(topk_ids)  # the previous layer predicted this forward's experts
+            if result is not None:
+                self.gate.judge(*result)
         stream = prefetch and self._streams_next(topk_ids)
         count = self.counters is not None and (prefetch or self.residency_mode is True)
         return ReadPlan(prefetch, stream, count)
@@ -220,13 +224,14 @@ class LayerReads:
         if self.counters is None and not recall["predicted_forwards"]:
             return None
         counts = self.counters.stats() if self.counters is not None else empty_stats()
-        return {**counts, **recall}
+        return {**counts, **recall, **self.gate.stats()}
 
     def reset(self) -> None:
         """Zeroes the counters and the recall."""
         if self.counters is not None:
             self.counters.reset()
         self.recall.reset()
+        self.gate.reset()
 
     def modes(self) -> dict:
         """The four switches by their ``KTMoE`` keyword names (what constructs a copy)."""

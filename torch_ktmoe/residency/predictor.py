@@ -17,9 +17,13 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   slower, docs/memory.md), their union over the tokens, and
   ``torch_ktmoe.residency.reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
   pool's I/O threads, so the disk works while layer L's experts compute. Where the union is at least 3/4 of the
-  experts (a prefill, :func:`~.routing.routed_to_most`), layer L+1 is mapped whole instead (``ExpertsDir.stream``, what a prefill's forward does
-  without a predictor: docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
-  every output is the same with and without it.
+  experts (a prefill, :func:`~.routing.routed_to_most`), layer L+1 is mapped whole instead (``ExpertsDir.stream``,
+  what a prefill's forward does without a predictor: docs/memory.md), which reads faster than the pool's pieces. It
+  only reads into the page cache: every output is the same with and without it.
+
+A prediction that does not pay is not read: the predicted layer's :class:`~.prediction_gate.PredictionGate` switches
+the reads off while the recall of its last predictions is under 1/2 (as many wrong experts read as right ones), still
+predicting one forward in a few to measure it, and back on when it recovers.
 
 A prediction is an optimisation: the first time one fails (the read ahead, the stream, a router the host could not
 read), it is switched off for that layer with one :class:`NextLayerPrefetchWarning` naming the layers and the
@@ -31,8 +35,8 @@ inside a compiled graph (``torch.compiler.is_compiling()``), and never for a has
 layers: their experts follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a
 top-k' and a ``unique`` per layer and forward (measured in docs/memory.md).
 
-Recall. The predicted ids wait on layer L+1 (:class:`~.recall.PredictionRecall`); its next forward compares them with the
-ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),
+Recall. The predicted ids wait on layer L+1 (:class:`~.recall.PredictionRecall`); its next forward compares them
+with the ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),
 shown by :meth:`torch_ktmoe.KTMoE.residency_stats` and :func:`torch_ktmoe.residency_report`.
 """
 from __future__ import annotations
@@ -126,16 +130,19 @@ class NextLayerPredictor:
         return ids if self.id_map is None else self.id_map[ids]
 
     def __call__(self, hidden_states: torch.Tensor) -> None:
-        if self.off is not None or torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
+        target = self.target
+        if (self.off is not None or torch.compiler.is_compiling() or not target.next_layer_prefetching
+                or not target.gate.predicts_now()):
             return
         try:
             with torch.no_grad():
                 predicted = self.predict(hidden_states)
-                self._read_ahead(predicted)
+                if target.gate.reading:  # (else a probe: its recall is measured, nothing read)
+                    self._read_ahead(predicted)
         except Exception as e:  # noqa: BLE001 - an optimisation never fails the forward
-            self.off = warn_prefetch_off(self.layer_idx, self.target.layer_idx, e)
+            self.off = warn_prefetch_off(self.layer_idx, target.layer_idx, e)
             return
-        self.target.recall.expect(predicted)
+        target.recall.expect(predicted)
 
     def _read_ahead(self, predicted: torch.Tensor) -> None:
         """The predicted experts read into the page cache (a prefill's union: the layer mapped whole)."""

@@ -4,7 +4,7 @@ skipped). Shown by :meth:`torch_ktmoe.KTMoE.residency_stats` and :func:`torch_kt
 :class:`~torch_ktmoe.residency.layer_reads.LayerReads` to tell whether a layer's predictions pay."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -24,19 +24,22 @@ class PredictionRecall:
     def expect(self, predicted: torch.Tensor) -> None:
         self.pending = predicted
 
-    def observe(self, topk_ids: torch.Tensor) -> None:
-        """Compares the pending prediction with ``topk_ids`` [T, k] (or [B, S, k]) and drops it; a prediction for
-        another number of tokens (a forward that never reached this layer) is dropped uncounted."""
+    def observe(self, topk_ids: torch.Tensor) -> Optional[Tuple[int, int]]:
+        """Compares the pending prediction with ``topk_ids`` [T, k] (or [B, S, k]) and drops it; returns (found,
+        routed) of this forward. A prediction for another number of tokens (a forward that never reached this
+        layer) is dropped uncounted (None)."""
         predicted, self.pending = self.pending, None
         routed = topk_ids.reshape(-1, topk_ids.shape[-1])
         if predicted is None or predicted.shape[0] != routed.shape[0]:
-            return
+            return None
         valid = routed >= 0
-        found = (routed.unsqueeze(-1) == predicted.unsqueeze(1)).any(-1) & valid
+        found = int(((routed.unsqueeze(-1) == predicted.unsqueeze(1)).any(-1) & valid).sum())
+        routed_count = int(valid.sum())
         c = self.counts
         c["predicted_forwards"] += 1
-        c["predicted_routed"] += int(valid.sum())
-        c["predicted_found"] += int(found.sum())
+        c["predicted_routed"] += routed_count
+        c["predicted_found"] += found
+        return found, routed_count
 
     def stats(self) -> dict:
         c = dict(self.counts)

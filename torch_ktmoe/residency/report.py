@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from .counters import COUNTERS, derived
 from .layer_reads import LayerReads
+from .prediction_gate import GATE_COUNTERS
 from .recall import RECALL_COUNTERS
 
 __all__ = ["residency_report"]
@@ -17,7 +18,8 @@ def residency_report(module: nn.Module, reset: bool = False) -> dict:
     """Residency figures of every KTMoE layer with file-backed experts (or with predictions of its experts) in
     ``module`` (a model, a ModuleList, one layer): the totals at the top level (``tokens``: the most any layer saw,
     since every token passes every layer; ``layers``: how many are counted; ``recall``: the mean of the predicted
-    layers' recalls, ``predicted_layers`` of them) and per layer under ``per_layer`` (by module name).
+    layers' recalls, ``predicted_layers`` of them; the prediction gate's switches, :mod:`.prediction_gate`) and per
+    layer under ``per_layer`` (by module name).
     ``reset=True`` zeroes the counters after reading them."""
     per_layer = {}
     for name, m in module.named_modules():
@@ -30,7 +32,7 @@ def residency_report(module: nn.Module, reset: bool = False) -> dict:
         per_layer[name or "."] = stats
         if reset:
             reads.reset()
-    total = {k: sum(s[k] for s in per_layer.values()) for k in COUNTERS + RECALL_COUNTERS}
+    total = {k: sum(s[k] for s in per_layer.values()) for k in COUNTERS + RECALL_COUNTERS + GATE_COUNTERS}
     total["tokens"] = max((s["tokens"] for s in per_layer.values()), default=0)
     total = derived(total)
     recalls = [s["recall"] for s in per_layer.values() if s["recall"] is not None]
