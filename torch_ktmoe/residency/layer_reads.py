@@ -194,7 +194,7 @@ class LayerReads:
         return ReadPlan(prefetch, stream, count)
 
     def _streams_next(self, topk_ids: torch.Tensor) -> bool:
-        directory = self.arenas.experts_dir
+        directory = self.arenas.experts_dir if self.arenas is not None else None
         return (directory is not None and self.stream_off is None and not directory.file_experts_fit
                 and routed_to_most(self.num_experts, topk_ids))
 

@@ -428,7 +428,7 @@ class KTMoEWrapper:
                 if following is None or following.moe is None or following._slot_of_logical is None:
                     return None  # not loaded yet: asked again next forward
                 self._following = weakref.ref(following)
-                self.moe.reads.link(following.moe.reads)  # this model's next layer, for prefill streaming too
+            self.moe.reads.link(following.moe.reads)  # this model's next layer (a prefill streams it too)
             if not following.moe.next_layer_prefetching:
                 if following.moe.next_layer_prefetch_mode is False:
                     self._predictor = False
