@@ -147,7 +147,7 @@ def test_next_layer_prefetch_advises_a_gguf_layers_predicted_experts(tmp_path, m
     import os
 
     from torch_ktmoe import gguf_experts
-    from torch_ktmoe.next_layer import NextLayerPredictor
+    from torch_ktmoe.residency.predictor import NextLayerPredictor
 
     path, _, experts, layer = file_layer(tmp_path, 8)
     assert not layer.next_layer_prefetching  # fits

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.helpers import random_experts
-from torch_ktmoe import expert_reads
-from torch_ktmoe.next_layer import NextLayerPrefetchWarning
+from torch_ktmoe.residency import reads as expert_reads
+from torch_ktmoe.residency.predictor import NextLayerPrefetchWarning
 from torch_ktmoe.sglang import KTMoEWrapper
 
 E, K, L, GPU = 6, 2, 3, 2
@@ -110,7 +110,7 @@ def test_another_models_layer_is_never_the_next_one(tmp_path, reads):
         warnings.simplefilter("error")  # no prediction failure either
         out = a.forward(x, ids, w)
     assert torch.equal(out, a.moe(x, a._id_table[ids.long()], w))
-    assert a._next_layer_predictor() is None and reads == []
+    assert a._next_layer_predictor() is None and reads == [] and a.moe.reads.next is None
     assert wide.moe is not None and same.moe is not None
 
 
@@ -122,4 +122,5 @@ def test_two_instances_of_one_checkpoint_each_predict_their_own_next_layer(tmp_p
     b = [_wrapper(path, L, next_layer_prefetch=True), _wrapper(path, L + 1, next_layer_prefetch=True)]
     for first, second in (a, b):
         predictor = first._next_layer_predictor()
-        assert predictor is not None and predictor.target is second.moe
+        assert predictor is not None and predictor.target is second.moe.reads
+        assert first.moe.reads.next is second.moe.reads  # the one link, which a prefill's streaming follows too

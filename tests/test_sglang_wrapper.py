@@ -340,7 +340,7 @@ def test_next_layer_prefetch_reads_the_next_wrappers_predicted_cpu_experts(tmp_p
     """Layer L's wrapper applies layer L + 1's router (read from the checkpoint) to its hidden state: with the next
     layer routed by that router on the same state, every routed CPU expert was predicted (recall 1), and only
     the next wrapper's CPU slots are read ahead."""
-    from torch_ktmoe import expert_reads
+    from torch_ktmoe.residency import reads as expert_reads
 
     reads = []
     monkeypatch.setattr(expert_reads, "read_ahead_experts", lambda w13, w2, ids: reads.append(ids))

@@ -101,7 +101,7 @@ class GGUFExperts:
 
     def advise(self, experts: torch.Tensor) -> None:
         """``MADV_WILLNEED`` over the listed experts' gate, up and down rows when the blocks map a file (the kernel
-        queues their reads and returns; the next-layer prefetch of a GGUF layer, :mod:`torch_ktmoe.next_layer`).
+        queues their reads and returns; the next-layer prefetch of a GGUF layer, :mod:`torch_ktmoe.residency.predictor`).
         ``experts``: distinct ids in [0, E). Nothing for blocks in anonymous memory."""
         if not self.mapped:
             return

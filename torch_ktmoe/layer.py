@@ -1,116 +1,79 @@
 """KTMoE: an nn.Module over packed experts, the Hugging Face experts signature: its loading, cache and forward
-(its arenas: layer_arenas.py; its directory's read-ahead decision and warm: experts_dir.py; copy and pickle:
+(its arenas: layer_arenas.py; its reading ahead: the residency package, one LayerReads per layer; copy and pickle:
 layer_copies.py)."""
-import warnings
 from typing import List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from . import cache as _cache
-from . import layer_copies, model_warm, ops
+from . import expert_biases, layer_copies, layer_repr, ops
 from ._native import _C
 from .gguf_experts import GGUFExperts
 from .layer_arenas import LayerArenas
 from .part_packing import exact_companions, pack_part
-from .next_layer import PredictionRecall
-from .pending_experts import PendingExperts
-from .residency import LayerResidency, layer_stats
 from .paths import utf8_path
+from .pending_experts import PendingExperts
+from .residency.layer_reads import LayerReads
+from .residency.layer_view import LayerReadsView
 
-
-WARM_MODES = ("auto", "none", "blocking", "background")
 GGUF_FORMAT = "gguf"  # weight_format of a layer whose experts are GGML blocks where a GGUF file holds them
-PREFETCH_MODES = ("auto", True, False)
 
 
-class KTMoE(nn.Module):
+class KTMoE(LayerReadsView, nn.Module):
     """The routed experts of one MoE layer, run by ``torch.ops.ktmoe.moe_forward``.
 
     Args:
-        num_experts, top_k, hidden_size, intermediate_size: the layer's shape
-            (E, k, H, I).
+        num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
         weight_format: ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``, ``"int4_affine"`` or ``"mxfp4"`` (docs/formats.md),
             or ``"gguf"``: the experts are a GGUF file's blocks where they lie, given to :meth:`load_gguf` (one NUMA
             part; nothing packed, nothing in ``mmap_experts_dir``).
-        mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A
-            directory keeps them in ``MAP_SHARED`` files under it, one per
-            (layer, NUMA part), named from ``layer_idx``: clean page cache that the
-            kernel can reclaim and refault instead of swapping. Nothing else
-            changes. A directory that cannot hold them (missing, unwritable,
-            tmpfs, full) falls back to anonymous memory with a warning.
+        mmap_experts_dir: ``None`` keeps packed experts in anonymous memory. A directory keeps them in
+            ``MAP_SHARED`` files under it, one per (layer, NUMA part), named from ``layer_idx``: clean page cache that
+            the kernel can reclaim and refault instead of swapping. Nothing else changes. A directory that cannot hold
+            them (missing, unwritable, tmpfs, full) falls back to anonymous memory with a warning.
         layer_idx: names the layer's arena files.
-        numa_parts: split the experts along the intermediate dimension into this
-            many parts, one arena per part, first-touched on NUMA node
-            ``part % nodes``; partial outputs are summed in fp32. Default: the
-            host's NUMA node count.
+        numa_parts: split the experts along the intermediate dimension into this many parts, one arena per part,
+            first-touched on NUMA node ``part % nodes``; partial outputs are summed in fp32. Default: the host's NUMA
+            node count.
         group_size: int4 / fp8 / int4_affine group size along the input dimension (default 32 / 128 /
             128); int8: a scale per (row, group of this many inputs; its activations per the same
             groups), default 32, 0: one per row (per channel, as int8 files packed before groups).
             Quantized checkpoints with NUMA parts: each part must start at a multiple of it.
         hugepage: ``MADV_HUGEPAGE`` on the experts' memory: file-backed slices, and anonymous
             allocations of 2 MiB and more (transparent huge pages: fewer TLB misses while decode streams them).
-        warm: ``"auto"`` (default): file-backed experts that fit in memory (``prefetch="auto"``'s check) are
-            prefaulted by the model's one background worker in load order while the first tokens run (a layer
-            not yet warm reads its routed experts ahead; :mod:`torch_ktmoe.model_warm`); ``"none"``: they fault
-            in on first use; ``"blocking"`` / ``"background"``: :meth:`warm` after loading, waited for or not.
-        cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed
-            experts in ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid
-            file for the same weights exists, maps it (copy on write) instead of
-            packing; ``"rebuild"`` always packs and replaces the files; ``"off"``
-            uses unnamed files that vanish with the process; ``"map"`` only maps
-            valid kept files, read-only (no lock file, no cleanup, nothing
-            created, written or deleted in the directory; :meth:`try_load_cached`
-            is the only load, and a missing or invalid file is named in
-            :attr:`cache_events`). Ignored without a directory. See :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and
-            :attr:`cache_events` tell what happened at the last load.
-        verify: how a kept cache file is checked before it is mapped:
-            ``"header"`` (default, instant: file header, size and every
-            expert's packed header) or ``"full"`` (also a checksum of all the
-            data; a mismatch rebuilds).
-        cache_trust_others: accept cache files and directories owned by
-            another user or writable by others (refused by default: the layer
-            then packs into an unnamed file and keeps nothing).
-        activation: the gated activation between the projections, a row of
-            ``ops.GATED_ACTIVATIONS``: ``"silu"`` (``silu(gate) * up``, default),
-            ``"silu_clamp"``, ``"silu_clamp_after"``, ``"swiglu_oai"`` (gpt-oss),
+        cache: with ``mmap_experts_dir``, ``"reuse"`` (default) keeps the packed experts in
+            ``<dir>/layer{idx:04d}.part{p}.ktmoe`` and, when a valid file for the same weights exists, maps it (copy
+            on write) instead of packing; ``"rebuild"`` always packs and replaces the files; ``"off"`` uses unnamed
+            files that vanish with the process; ``"map"`` only maps valid kept files, read-only (no lock file, no
+            cleanup, nothing created, written or deleted in the directory; :meth:`try_load_cached` is the only load,
+            and a missing or invalid file is named in :attr:`cache_events`). Ignored without a directory. See
+            :mod:`torch_ktmoe.cache`; :attr:`cache_hit` and :attr:`cache_events` tell what happened at the last load.
+        verify: how a kept cache file is checked before it is mapped: ``"header"`` (default, instant: file header,
+            size and every expert's packed header) or ``"full"`` (also a checksum of all the data; a mismatch
+            rebuilds).
+        cache_trust_others: accept cache files and directories owned by another user or writable by others (refused
+            by default: the layer then packs into an unnamed file and keeps nothing).
+        activation: the gated activation between the projections, a row of ``ops.GATED_ACTIVATIONS``: ``"silu"``
+            (``silu(gate) * up``, default), ``"silu_clamp"``, ``"silu_clamp_after"``, ``"swiglu_oai"`` (gpt-oss),
             ``"swiglu_softcap"`` (docs/formats.md lists their formulas).
-        activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``);
-            the ones not given take the row's defaults.
-        prefetch: before each forward, ask the kernel to read the routed experts' rows (``MADV_WILLNEED``), so
-            the cold ones of a model bigger than RAM come from disk together (skipped for a forward routed to at
-            least 3/4 of the experts, e.g. a prefill: its faults read them faster). ``"auto"`` (default): while the
-            file-backed experts of all live arenas do not fit in RAM or the memory cgroup together, as the last
-            layer loaded from the directory found (:class:`torch_ktmoe.experts_dir.ExpertsDir`); ``True`` /
-            ``False`` force it. Outputs are the same either way.
-        residency: count routed experts found in RAM or read from disk (:meth:`residency_stats`,
-            :func:`torch_ktmoe.residency_report`; file-backed experts). ``"auto"``: while :attr:`prefetching`
-            (~35 us a forward at decode); ``True`` / ``False``: always / never.
-        next_layer_prefetch: let the previous MoE layer predict this layer's experts from its hidden state and
-            read them ahead while it computes (:mod:`torch_ktmoe.next_layer`; wired by ``torch_ktmoe.hf``'s
-            loaders). ``"auto"`` (default): while the file-backed experts do not fit in memory
-            (``prefetch="auto"``'s decision; a 30B-class model under a 12 GiB limit decoded 1.05-1.5x faster,
-            docs/memory.md); ``True``: always; ``False``: never. Outputs are the same either way; the
-            predictions' recall shows in :meth:`residency_stats`.
+        activation_params: the row's parameters by name (e.g. ``{"limit": 7.0}``); the ones not given take the row's
+            defaults.
+        warm, prefetch, residency, next_layer_prefetch: how the layer reads its experts ahead, each ``"auto"``
+            by default: while its experts are in files that do not fit in memory
+            (:class:`torch_ktmoe.residency.LayerReads` documents the four; outputs are the same whatever they are).
 
-    Expert biases (gpt-oss) are given with :meth:`set_biases` (or to
-    :meth:`load_weights`); they are small fp32 buffers in anonymous memory,
-    not part of the packed cache files.
+    Expert biases (gpt-oss) are given with :meth:`set_biases` (or to :meth:`load_weights`); they are small fp32
+    buffers in anonymous memory, not part of the packed cache files.
 
-    ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])``
-    returns the weighted sum of the routed experts, shaped and typed like
-    ``hidden_states`` (bf16, fp16 or fp32; fp16 is converted in the kernel's
-    activation prep). Ids < 0 are skipped. Inference only: a backward through it
-    raises :class:`torch_ktmoe.ops.InferenceOnlyError`.
+    ``forward(hidden_states [T, H] | [B, S, H], topk_ids [T, k], topk_weights [T, k])`` returns the weighted sum of
+    the routed experts, shaped and typed like ``hidden_states`` (bf16, fp16 or fp32; fp16 is converted in the kernel's
+    activation prep). Ids < 0 are skipped. Inference only: a backward through it raises
+    :class:`torch_ktmoe.ops.InferenceOnlyError`.
 
-    Copies. ``copy.deepcopy`` shares the packed experts (they are immutable) and
-    copies everything else. Pickling (e.g. for ``multiprocessing``) works when the
-    receiver can get the same experts safely: anonymous experts travel by value;
-    file-backed experts in persistent cache files (``cache="reuse"``/``"rebuild"``)
-    travel as (directory, fingerprint) and are mapped copy-on-write from the same
-    files; file-backed experts in unnamed files (``cache="off"``, or a cache
-    directory the trust checks refused) or with an anonymous fallback raise
-    ``TypeError`` saying why.
+    Copies (:mod:`torch_ktmoe.layer_copies`). ``copy.deepcopy`` shares the packed experts (immutable) and copies the
+    rest. Pickling sends anonymous experts by value and file-backed experts in kept cache files as (directory,
+    fingerprint), mapped copy-on-write from the same files; other file-backed experts raise ``TypeError`` saying why.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -121,13 +84,10 @@ class KTMoE(nn.Module):
                  activation_params: Optional[Mapping[str, float]] = None, prefetch: Union[str, bool] = "auto",
                  residency: Union[str, bool] = "auto", next_layer_prefetch: Union[str, bool] = "auto"):
         super().__init__()
-        for name, mode in (("prefetch", prefetch), ("residency", residency),
-                           ("next_layer_prefetch", next_layer_prefetch)):
-            if not (isinstance(mode, bool) or mode == "auto"):
-                raise ValueError(f"{name} must be one of {PREFETCH_MODES}, got {mode!r}")
+        self.reads = LayerReads(int(layer_idx), int(num_experts), int(top_k), warm=warm, prefetch=prefetch,
+                                residency=residency, next_layer_prefetch=next_layer_prefetch,
+                                owner=self)  # its reading ahead (ValueError naming a bad switch)
         params = ops.activation_params(activation, activation_params)  # ValueError naming what is wrong
-        if warm not in WARM_MODES:
-            raise ValueError(f"warm must be one of {WARM_MODES}, got {warm!r}")
         if weight_format not in ops.WEIGHT_FORMATS and weight_format != GGUF_FORMAT:
             raise ValueError(f"weight_format must be one of {(*ops.WEIGHT_FORMATS, GGUF_FORMAT)}, got {weight_format!r}")
         nodes = _C.numa_node_count()
@@ -142,14 +102,6 @@ class KTMoE(nn.Module):
         self.weight_format, self.layer_idx = weight_format, int(layer_idx)
         self.group_size = (0 if gguf else ops.default_group_size(weight_format)) if group_size is None else int(group_size)
         self.gguf: Optional[GGUFExperts] = None  # weight_format="gguf": the blocks (load_gguf)
-        self.warm_mode = warm
-        self.prefetch_mode = prefetch
-        self._auto_prefetch = False  # "auto" and file-backed experts: prefetch while they do not fit (_after_load)
-        self.model_warm: Optional[model_warm.ModelWarm] = None  # warm="auto": the model's background warm
-        self.residency_mode = residency
-        self.residency: Optional[LayerResidency] = None  # file-backed experts: hits / misses (residency.py)
-        self.next_layer_prefetch_mode = next_layer_prefetch
-        self.next_layer_recall = PredictionRecall()  # the previous layer's predictions of this one (next_layer.py)
         self.activation = activation
         self.activation_params = dict(zip(ops.GATED_ACTIVATIONS[activation]["params"], params))  # by name, all
         self._activation_args = (activation, list(params))  # the op's (activation, activation_params)
@@ -166,6 +118,7 @@ class KTMoE(nn.Module):
         self.arenas = LayerArenas(self.mmap_experts_dir, self.layer_idx, parts, hugepage=hugepage, nodes=nodes,
                                   policy=self.cache, trust_others=self.cache_trust_others,
                                   read_first=warm == "blocking")
+        self.reads.arenas = self.arenas
         for p in range(parts):
             self.register_buffer(f"w13_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
             self.register_buffer(f"w2_{p}", torch.empty(0, dtype=torch.uint8), persistent=False)
@@ -196,6 +149,7 @@ class KTMoE(nn.Module):
         self.gguf = GGUFExperts.of(experts.gate, experts.up, experts.down, experts.ggml_types, experts.source,
                                    mapped=experts.mapped, fits=experts.fits, where=where,
                                    shape=(self.num_experts, self.hidden_size, self.intermediate_size))
+        self.reads.gguf = self.gguf
         self.cache_events, self.cache_fingerprint = [], None
 
     def load_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *,
@@ -205,19 +159,17 @@ class KTMoE(nn.Module):
                      down_zero: Optional[torch.Tensor] = None) -> None:
         """Pack the Hugging Face layout: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
-        Quantized checkpoints, packed exactly ("exact codes + scales", one per (row, group of g
-        inputs): ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]), the companions
-        of the format's row (:func:`torch_ktmoe.ops.exact_names`, :func:`torch_ktmoe.ops.pack_experts`):
-        ``weight_format="fp8"``: float8_e4m3fn weights, fp32 scales
-        (:func:`torch_ktmoe.checkpoint.group_scales`); ``weight_format="int4_affine"``: uint8 codes
-        0..15, fp32 / bf16 / fp16 scales and, optionally, integer zero points 0..16 of the scales'
-        shapes ``gate_up_zero`` / ``down_zero`` (``w = s * (q - z)``; None: ``z = 8``);
+        Quantized checkpoints, packed exactly ("exact codes + scales", one per (row, group of g inputs):
+        ``gate_up_scale`` [E, 2I, ceil(H/g)], ``down_scale`` [E, H, ceil(I/g)]), the companions of the format's row
+        (:func:`torch_ktmoe.ops.exact_names`, :func:`torch_ktmoe.ops.pack_experts`): ``weight_format="fp8"``:
+        float8_e4m3fn weights, fp32 scales (:func:`torch_ktmoe.checkpoint.group_scales`);
+        ``weight_format="int4_affine"``: uint8 codes 0..15, fp32 / bf16 / fp16 scales and, optionally, integer zero
+        points 0..16 of the scales' shapes ``gate_up_zero`` / ``down_zero`` (``w = s * (q - z)``; None: ``z = 8``);
         ``weight_format="mxfp4"``: uint8 e2m1 codes 0..15, uint8 E8M0 scales.
 
         ``fingerprint`` names the source of the weights for the cache (e.g.
-        :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it
-        is a hash of the tensors' bytes. A valid cache file skips packing.
-        ``gate_up_bias`` / ``down_bias``: see :meth:`set_biases`.
+        :func:`torch_ktmoe.checkpoint.checkpoint_fingerprint`); by default, with a cache, it is a hash of the
+        tensors' bytes. A valid cache file skips packing. ``gate_up_bias`` / ``down_bias``: see :meth:`set_biases`.
         """
         inter = self.intermediate_size
         self._check_shape("gate_up_proj", gate_up_proj, (self.num_experts, 2 * inter, self.hidden_size))
@@ -233,18 +185,12 @@ class KTMoE(nn.Module):
         """Expert biases: gate_up_bias [E, 2I] (gate columns, then up, as gate_up_proj's rows) is
         added before the activation, down_bias [E, H] to each expert's output; None: no bias.
         Kept as fp32 copies, split like the experts over the NUMA parts."""
-        E, H, inter = self.num_experts, self.hidden_size, self.intermediate_size
         if gate_up_bias is not None:
-            self._check_shape("gate_up_bias", gate_up_bias, (E, 2 * inter))
+            self._check_shape("gate_up_bias", gate_up_bias, (self.num_experts, 2 * self.intermediate_size))
         if down_bias is not None:
-            self._check_shape("down_bias", down_bias, (E, H))
-        with torch.no_grad():
-            for p in range(self.numa_parts):
-                lo, hi = self._bounds[p], self._bounds[p + 1]
-                b13 = None if gate_up_bias is None else torch.cat(
-                    [gate_up_bias[:, lo:hi], gate_up_bias[:, inter + lo:inter + hi]], 1).float().contiguous()
-                b2 = None if down_bias is None or p > 0 else down_bias.detach().float().contiguous().clone()
-                self._buffers[f"b13_{p}"], self._buffers[f"b2_{p}"] = b13, b2
+            self._check_shape("down_bias", down_bias, (self.num_experts, self.hidden_size))
+        for p, (b13, b2) in enumerate(expert_biases.split(gate_up_bias, down_bias, self._bounds)):
+            self._buffers[f"b13_{p}"], self._buffers[f"b2_{p}"] = b13, b2
 
     def load_weights_separate(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, *,
                               fingerprint: Optional[str] = None) -> None:
@@ -262,9 +208,8 @@ class KTMoE(nn.Module):
         (and zero points), as :meth:`load_weights` takes them without the expert dimension); the layer is
         packed when all E are in.
 
-        Holds at most one layer's dense experts, so a checkpoint can be streamed
-        expert by expert. ``fingerprint`` (read from the call that completes the
-        layer) is passed to :meth:`load_weights`.
+        Holds at most one layer's dense experts, so a checkpoint can be streamed expert by expert. ``fingerprint``
+        (read from the call that completes the layer) is passed to :meth:`load_weights`.
         """
         if not 0 <= expert < self.num_experts:
             raise IndexError(f"expert {expert} out of range [0, {self.num_experts})")
@@ -279,10 +224,9 @@ class KTMoE(nn.Module):
     def try_load_cached(self, fingerprint: str) -> bool:
         """Map every part from valid cache files for ``fingerprint``, without any dense weight.
 
-        True: the layer is loaded (packing skipped). False (no directory, policy
-        not ``"reuse"`` or ``"map"``, or some part missing/invalid: its event's
-        reason says why, naming the file under ``"map"``): nothing is loaded; load
-        the weights as usual (valid parts are then still reused).
+        True: the layer is loaded (packing skipped). False (no directory, policy not ``"reuse"`` or ``"map"``, or
+        some part missing/invalid: its event's reason says why, naming the file under ``"map"``): nothing is loaded;
+        load the weights as usual (valid parts are then still reused).
         """
         self.cache_events = []
         if self.cache not in ("reuse", "map"):
@@ -294,11 +238,7 @@ class KTMoE(nn.Module):
             if not hit:
                 return False
             mapped.append((w13, w2))
-        for p, (w13, w2) in enumerate(mapped):
-            setattr(self, f"w13_{p}", w13)
-            setattr(self, f"w2_{p}", w2)
-        self.cache_fingerprint = fingerprint
-        self._after_load()
+        self._take(mapped, fingerprint)
         return True
 
     @property
@@ -328,7 +268,7 @@ class KTMoE(nn.Module):
         if self.cache == "map":
             raise ValueError(f"KTMoE(layer {self.layer_idx}): cache='map' only maps kept files "
                              f"(try_load_cached); it never packs weights into {self.mmap_experts_dir}")
-        self.cache_events = []
+        self.cache_events, packed = [], []
         with torch.no_grad():
             for p in range(self.numa_parts):
                 lo, hi = self._bounds[p], self._bounds[p + 1]
@@ -341,68 +281,16 @@ class KTMoE(nn.Module):
                 else:
                     w13, w2, _ = self.arenas.load_or_build(p, self._cache_key(p, fingerprint), self.cache,
                                                            self.verify, build, self.cache_events)
-                setattr(self, f"w13_{p}", w13)
-                setattr(self, f"w2_{p}", w2)
+                packed.append((w13, w2))
+        self._take(packed, fingerprint)
+
+    def _take(self, packed: List[tuple], fingerprint: Optional[str]) -> None:
+        """A finished load's [(w13, w2)] per part become the layer's experts (and what its reads read ahead)."""
+        for p, (w13, w2) in enumerate(packed):
+            setattr(self, f"w13_{p}", w13)
+            setattr(self, f"w2_{p}", w2)
         self.cache_fingerprint = fingerprint
-        self._after_load()
-
-    def _after_load(self):
-        file_backed = self.arenas.file_backed
-        self.residency = LayerResidency() if file_backed and self.residency_mode is not False else None
-        self._auto_prefetch = self.prefetch_mode == "auto" and file_backed
-        if file_backed:  # the fit is decided again at each load (the last sees the whole model); streaming's order
-            self.arenas.experts_dir.loaded(self.arenas)
-        if self.warm_mode == "auto":
-            if file_backed:
-                self.model_warm = self.arenas.experts_dir.warm_on_load(self.arenas)
-        elif self.warm_mode != "none":
-            self.warm(wait=self.warm_mode == "blocking")
-
-    # ---------------------------------------------------------------- residency
-    def warm(self, wait: bool = True) -> bool:
-        """Prefault this layer's expert files so the first forward runs at steady speed (the arenas' prefaulter:
-        ``read()`` what is not cached, one read of what is, then ``MADV_POPULATE_READ``; docs/memory.md).
-        ``wait=False`` returns at once and reads on one background thread per arena (joined when the arena goes).
-
-        Reads only when the bytes still missing fit in the memory headroom
-        (:func:`torch_ktmoe.memory.memory_headroom_bytes`): reading experts that do not fit in RAM would evict
-        the hot ones. Otherwise it skips the layer with a :class:`ResourceWarning` and returns False (experts
-        fault in on first use). Anonymous experts are always resident: True at once.
-        """
-        return self.arenas.warm(wait)
-
-    def join_warm(self) -> None:
-        """Waits for a background :meth:`warm` to finish, and for the model's (``warm="auto"``)."""
-        if self.model_warm is not None:
-            self.model_warm.join()
-        self.arenas.join_warm()
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes of this layer's packed experts in RAM (``mincore`` over its files)."""
-        return self.arenas.resident_bytes
-
-    @property
-    def prefetching(self) -> bool:
-        """Whether forwards read ahead the routed experts now (``prefetch`` resolved; with ``"auto"`` also
-        while the model's background warm has not reached this layer; a GGUF layer's ``"auto"``: while its
-        model's mapped experts did not fit in memory when it was loaded)."""
-        if self.gguf is not None:
-            return self.prefetch_mode is True or (self.prefetch_mode == "auto" and self.gguf.mapped
-                                                  and not self.gguf.fits)
-        return self.prefetch_mode is True or (self._auto_prefetch and (
-            not self.arenas.experts_dir.file_experts_fit or self.arenas.warm_pending))
-
-    @property
-    def next_layer_prefetching(self) -> bool:
-        """Whether the previous MoE layer reads this layer's predicted experts ahead now (``next_layer_prefetch``
-        resolved: ``"auto"``, while this layer's file-backed experts do not fit in memory; a GGUF layer's: while its
-        model's mapped experts did not fit when it was loaded)."""
-        mode = self.next_layer_prefetch_mode
-        if self.gguf is not None:
-            return mode is True or (mode == "auto" and self.gguf.mapped and not self.gguf.fits)
-        return mode is True or (mode == "auto" and self.arenas.file_backed
-                                and not self.arenas.experts_dir.file_experts_fit)
+        self.reads.loaded(packed)
 
     def packed_tensors(self) -> List[tuple]:
         """[(w13, w2)] per NUMA part."""
@@ -411,34 +299,13 @@ class KTMoE(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and self.next_layer_recall.pending is not None:
-            self.next_layer_recall.observe(topk_ids)  # the previous layer predicted this forward's experts
-        prefetch = self.prefetching
-        if prefetch and topk_ids.numel() * 4 >= self.num_experts * 3 and not torch.compiler.is_compiling():
-            self._stream_next_layer(topk_ids)  # (decode fails the first two tests: it pays nothing more)
-        if self.residency is None or not (prefetch or self.residency_mode is True) or torch.compiler.is_compiling():
-            return self._forward(hidden_states, topk_ids, topk_weights, prefetch)  # (compiled graphs: not counted)
-        return self.residency.observe(self.packed_tensors(), topk_ids, hidden_states.numel() // self.hidden_size,
-                                      lambda: self._forward(hidden_states, topk_ids, topk_weights, prefetch))
-
-    def _stream_next_layer(self, topk_ids: torch.Tensor) -> None:
-        """A prefill (routed to at least 3/4 of the experts) of a model that does not fit: map the next layer's
-        experts from the disk in the background while this one computes (ExpertsDir.stream_after)."""
-        directory = self.arenas.experts_dir
-        if (directory is None or getattr(self, "_stream_off", False) or directory.file_experts_fit
-                or not _C.routed_to_most(self.num_experts, topk_ids)):
-            return
-        try:
-            directory.stream_after(self.arenas)
-        except Exception as e:  # noqa: BLE001 - e.g. the files gone: the experts fault in as without it
-            self._stream_off = True  # switched off for this layer, one warning
-            warnings.warn(f"KTMoE(layer {self.layer_idx}): streaming the next layer failed ({type(e).__name__}: "
-                          f"{e}); switched off, its experts fault in on use", ResourceWarning, stacklevel=3)
-
-    def residency_stats(self) -> Optional[dict]:
-        """Routed experts resident / read, bytes read and faults per token, disk GB/s (residency.py), and the
-        recall of the previous layer's predictions (next_layer.py); None for anonymous experts never predicted."""
-        return layer_stats(self)
+        plan = self.reads.plan(topk_ids, torch.compiler.is_compiling())  # the one decision (compiled: no counting)
+        if plan.stream_next:
+            self.reads.stream_next()  # a prefill of a model that does not fit: map the next layer beside it
+        if not plan.count:
+            return self._forward(hidden_states, topk_ids, topk_weights, plan.prefetch)
+        return self.reads.counted(topk_ids, hidden_states.numel() // self.hidden_size,
+                                  lambda: self._forward(hidden_states, topk_ids, topk_weights, plan.prefetch))
 
     def _forward(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  prefetch: bool) -> torch.Tensor:
@@ -471,13 +338,7 @@ class KTMoE(nn.Module):
 
     def biases(self):
         """(gate_up_bias [E, 2I], down_bias [E, H]) fp32 as given to :meth:`set_biases`, or None each."""
-        b13 = [self._buffers[f"b13_{p}"] for p in range(self.numa_parts)]
-        if b13[0] is None:
-            gate_up = None
-        else:
-            halves = [b.split(b.shape[1] // 2, 1) for b in b13]
-            gate_up = torch.cat([h[0] for h in halves] + [h[1] for h in halves], 1)
-        return gate_up, self._buffers["b2_0"]
+        return expert_biases.joined([self._buffers[f"b13_{p}"] for p in range(self.numa_parts)], self._buffers["b2_0"])
 
     def __deepcopy__(self, memo):
         return layer_copies.deepcopy_layer(self, memo)
@@ -505,19 +366,4 @@ class KTMoE(nn.Module):
         return self.arenas.stats()
 
     def extra_repr(self) -> str:
-        if self.gguf is not None:
-            storage = f"GGUF {'/'.join(self.gguf.type_names)} in place" + (f" in {self.gguf.source}"
-                                                                              if self.gguf.source else "")
-        elif self.mmap_experts_dir is None:
-            storage = "anonymous"
-        elif self.loaded and self.file_backed_bytes == self.packed_bytes:
-            storage = f"file-backed in {self.mmap_experts_dir}"
-        else:
-            storage = f"file-backed in {self.mmap_experts_dir} (with anonymous fallback)"
-        params = ", ".join(f"{k}={v:g}" for k, v in self.activation_params.items())
-        act = "" if self.activation == "silu" else f"activation={self.activation}({params}), "
-        bias = ", biases" if any(b is not None for b in self.biases()) else ""
-        return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
-                f"intermediate={self.intermediate_size}, format={self.weight_format}, {act}"
-                f"numa_parts={self.numa_parts}, packed={self.packed_bytes / 2**20:.1f} MiB, "
-                f"storage={storage}{bias}")
+        return layer_repr.describe(self)

@@ -5,7 +5,7 @@ earlier load's arena stays with its tensors), runs each part's cache load or bui
 (:meth:`load_or_build`: one C++ call per part), and answers for all of them together: statistics,
 whether the cache kept their files (:attr:`kept`), residency (:meth:`warm`, :attr:`resident_bytes`,
 :meth:`missing_bytes`; the model-wide read-ahead decision and background warm are its
-:class:`~torch_ktmoe.experts_dir.ExpertsDir`'s). Anonymous experts are always resident; warming is a
+:class:`~torch_ktmoe.residency.experts_dir.ExpertsDir`'s). Anonymous experts are always resident; warming is a
 no-op for them. ``layer.arenas[p]`` is part ``p``'s :class:`~torch_ktmoe.arena.WeightArena`; iterating
 gives the open ones.
 """
@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from . import memory
 from .arena import WeightArena
-from .experts_dir import arena_name, experts_dir, layer_file_names
+from .residency.experts_dir import arena_name, experts_dir, layer_file_names
 
 
 class LayerArenas:
@@ -105,7 +105,7 @@ class LayerArenas:
 
     @property
     def warm_pending(self) -> bool:
-        """Whether the model's background warm (``warm="auto"``, model_warm.py) has queued or is reading this
+        """Whether the model's background warm (``warm="auto"``, residency/model_warm.py) has queued or is reading this
         layer. Kept on the arenas, which copies of the layer share."""
         return any(getattr(a, "warm_pending", False) for a in self)
 

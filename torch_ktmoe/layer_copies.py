@@ -21,6 +21,7 @@ def deepcopy_layer(layer, memo):
     for obj in shared:
         memo[id(obj)] = obj
     new.__dict__.update(copy.deepcopy(layer.__dict__, memo))
+    new.reads.owned_by(new)  # (a predictor of the copied model may have copied them first)
     return new
 
 
@@ -30,11 +31,9 @@ def constructor_kwargs(layer) -> dict:
                 intermediate_size=layer.intermediate_size, weight_format=layer.weight_format,
                 mmap_experts_dir=layer.mmap_experts_dir, layer_idx=layer.layer_idx,
                 numa_parts=layer.numa_parts, group_size=layer.group_size, hugepage=layer._hugepage,
-                warm=layer.warm_mode, cache=layer.cache if layer.mmap_experts_dir is not None else None,
+                cache=layer.cache if layer.mmap_experts_dir is not None else None,
                 verify=layer.verify, cache_trust_others=layer.cache_trust_others,
-                activation=layer.activation, activation_params=layer.activation_params,
-                prefetch=layer.prefetch_mode, residency=layer.residency_mode,
-                next_layer_prefetch=layer.next_layer_prefetch_mode)
+                activation=layer.activation, activation_params=layer.activation_params, **layer.reads.modes())
 
 
 def reduce_layer(layer):

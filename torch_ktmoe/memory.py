@@ -142,7 +142,7 @@ def file_experts_fit_in_memory() -> bool:
     (:func:`memory_headroom_bytes`). False: a model bigger than RAM (or its cgroup),
     whose cold experts are read from disk again while it runs. KTMoE's
     ``prefetch="auto"`` reads ahead the routed experts then (the decision of each experts directory:
-    :class:`torch_ktmoe.experts_dir.ExpertsDir`). Every figure is a kernel
+    :class:`torch_ktmoe.residency.experts_dir.ExpertsDir`). Every figure is a kernel
     counter (no page-table walk, no ``mincore``): each layer's load can ask.
     """
     file_bytes = _C.process_arena_stats()["file_backed_bytes"]
@@ -155,7 +155,7 @@ def file_experts_fit_in_memory() -> bool:
 def file_room_bytes() -> int:
     """RAM (or the memory cgroup's limit, if lower) less this process's anonymous memory: the most file-backed
     experts that can be in RAM at once. A prefill streams the next layer only while it and the layer computing
-    fit in it together (:meth:`torch_ktmoe.experts_dir.ExpertsDir.stream_after`)."""
+    fit in it together (:meth:`torch_ktmoe.residency.experts_dir.ExpertsDir.stream`)."""
     cgroup = _cgroup_memory()
     ram = _stat_field_kb("/proc/meminfo", "MemTotal:")
     ram = ram if cgroup is None else min(ram, cgroup[0])

@@ -55,7 +55,7 @@ CHILD = r"""
 import json, resource, sys, time, torch
 import torch_ktmoe
 from torch_ktmoe import hf
-from torch_ktmoe.residency import process_read_bytes
+from torch_ktmoe.residency.counters import process_read_bytes
 from ktmoe_harness.generate import generate
 checkpoint, experts_dir, tokens, out, prefetch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 torch.set_num_threads(2)

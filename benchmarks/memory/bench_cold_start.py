@@ -109,7 +109,7 @@ def child(args) -> int:
 
     import torch_ktmoe
     from torch_ktmoe import KTMoE
-    from torch_ktmoe.residency import process_read_bytes
+    from torch_ktmoe.residency.counters import process_read_bytes
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(99)

@@ -6,7 +6,7 @@ A stack of ``--layers`` int8 KTMoE layers (``--experts`` 32, top ``--top-k`` 8, 
 layer, 2.9 GB in all), packed once into kept cache files, each with a random router ``[E, H]``; "zipf" adds a
 per-layer popularity bias to the logits (expert e's: 2 log 1/(e+1)), "uniform" none. A token's hidden state
 goes through the layers: its router's top-k, the layer, ``x = rmsnorm(x + moe(x))``; before each layer runs,
-the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.next_layer.NextLayerPredictor`,
+the next layer's router predicts its experts from ``x`` (:class:`torch_ktmoe.residency.predictor.NextLayerPredictor`,
 k' = ``--k-prime``, default k) and reads them ahead through the reader pool (``--reader-threads``;
 ``--next-layer off``: no predictor, only ``moe_forward``'s own read-ahead of the routed experts;
 ``--next-layer on,off`` alternates the two per routing, ``--rounds`` times). Per routing and mode, one child process
@@ -21,7 +21,9 @@ routed, can get at best) and as % of the best rate under the same memory limit (
 buffered streams in a full cgroup of ``--limit-mib``, where each page read first reclaims one), the share of the
 decode with the disk busy (``disk_roof.disk_busy_ms``: the device's, so the host must be otherwise idle), the
 process's CPU time over the decode (% of one core: near 100 x ``--threads``, the compute sets the pace, not the
-disk), bytes read and major faults per token, the routed experts' hit rate and the predictor's recall.
+disk), bytes read and major faults per token, the routed experts' hit rate, the predictor's recall and the layer
+forwards whose predictions were not read because their recall made them a loss
+(:mod:`torch_ktmoe.residency.prediction_gate`).
 
 ``--prefill T``: instead of decoding, each child runs one forward of T tokens through the stack from the cold
 page cache (the prefill of a long prompt: T·k >> E touches every expert of every layer) and reports its time,
@@ -94,12 +96,12 @@ def decode(directory: str, dims_json: str, routing: str, warmup: str, tokens: st
 
     import torch_ktmoe
     from torch_ktmoe import KTMoE
-    from torch_ktmoe.next_layer import NextLayerPredictor
-    from torch_ktmoe.residency import process_read_bytes
+    from torch_ktmoe.residency.predictor import NextLayerPredictor
+    from torch_ktmoe.residency.counters import process_read_bytes
 
     torch.set_num_threads(int(threads))
     if int(reader_threads) >= 0:
-        from torch_ktmoe import expert_reads
+        from torch_ktmoe.residency import reads as expert_reads
 
         expert_reads.set_reader_threads(int(reader_threads))
     dims = json.loads(dims_json)
@@ -183,7 +185,7 @@ def prefill_row(routing: str, res: dict, roof: dict, load: float) -> str:
 
 def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     if "tok_s" not in res:
-        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | | | "
+        return (f"| {routing} | {res['mode']} | failed (rc {res.get('returncode')}) | | | | | | | | | | | "
                 f"{load:.1f} |")
     r = res["residency"]
     waiting = disk_rates(r["read_bytes"], r["read_seconds"], roof)
@@ -192,7 +194,8 @@ def row(routing: str, res: dict, roof: dict, tokens: int, load: float) -> str:
     return (f"| {routing} | {res['mode']} | {res['tok_s']:.2f} | {rate_cell(waiting)} | {rate_cell(overall)} | "
             f"{fmt(res.get('disk_busy_pct'), '.0f')} | {res['cpu_pct']:.0f} | "
             f"{res['read_bytes'] / tokens / 1e6:.0f} | {res['major_faults_per_token']:.1f} | "
-            f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {res['prefetching']}/"
+            f"{fmt(r['hit_rate'], '.2f')} | {fmt(r['recall'], '.2f')} | {r.get('prediction_off_forwards', '-')} | "
+            f"{res['prefetching']}/"
             f"{res['next_layer_prefetching']} | {load:.1f} |")
 
 
@@ -286,9 +289,9 @@ def main(argv=None) -> int:
         print("| routing | next-layer | tok/s | disk GB/s while waiting (% of best, of random runs, of best under the "
               "limit) | disk GB/s over decode (same) | disk busy, % of decode | process CPU, % of a core | "
               f"MB read / token | major faults / token | hit rate | recall (k' = {args.k_prime or args.top_k}) | "
-              "prefetch / next-layer | "
+              "layer forwards with predictions off (recall < 1/2) | prefetch / next-layer | "
               "load avg |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
         for routing, res in results:
             print(row(routing, res, roof, args.tokens, res["load"]))
         return 0

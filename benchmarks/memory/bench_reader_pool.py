@@ -47,7 +47,7 @@ def stack(directory, layers, experts, top_k, hidden, inter, prefetch, warm="none
 
 CHILD = STACK + r"""
 import json, sys, time
-from torch_ktmoe import expert_reads
+from torch_ktmoe.residency import reads as expert_reads
 directory, layers, experts, top_k, hidden, inter, tokens, mode, out = sys.argv[1:]
 layers, experts, top_k, hidden, inter, tokens = map(int, (layers, experts, top_k, hidden, inter, tokens))
 torch.set_num_threads(2)
@@ -112,7 +112,7 @@ def one_stream(paths) -> float:
 
 
 def pool(model, threads) -> float:
-    from torch_ktmoe import expert_reads
+    from torch_ktmoe.residency import reads as expert_reads
     from torch_ktmoe._native import _C
     expert_reads.set_reader_threads(threads)
     arenas = [a for layer in model for a in layer.arenas if a.file_mode]

@@ -64,10 +64,11 @@ def cost_us(experts: int, hidden: int, top_k: int, packed: bool, reps: int = 200
     from torch import nn
 
     from torch_ktmoe import KTMoE, ops
-    from torch_ktmoe.next_layer import NextLayerPredictor
+    from torch_ktmoe.residency.predictor import NextLayerPredictor
 
     target = KTMoE(experts, top_k, hidden, 64, numa_parts=1, next_layer_prefetch=True, warm="none")
-    target.w13_0 = torch.zeros(1, dtype=torch.uint8)  # only packed_tensors() is read: no experts needed
+    target.w13_0 = torch.zeros(1, dtype=torch.uint8)  # only the packed tensors are read: no experts needed
+    target.reads.packed = target.packed_tensors()
     router = nn.Module()
     router.weight = nn.Parameter(torch.randn(experts, hidden) * 0.02, requires_grad=False)
     if packed:

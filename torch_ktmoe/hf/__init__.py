@@ -85,8 +85,9 @@ from .implementation import (
 )
 from .next_layer import attach_next_layer_prefetch
 from .packed_dir import PackedDirError, save_packed
-from .patch import ExpertsBlock, PatchReport, RefusedBlock, find_experts_blocks, patch_model
+from .patch import find_experts_blocks, patch_model
 from .streaming import from_pretrained
+from .vocabulary import ExpertsBlock, PatchReport, RefusedBlock
 
 __all__ = [
     "patch_model",

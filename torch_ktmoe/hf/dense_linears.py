@@ -30,7 +30,7 @@ import torch.nn as nn
 from ..linear import KTLinear
 from .experts import KTMoEExperts, looks_like_experts
 from .packed_router import is_packed_router, pack_router, router_refusal
-from .patch import DENSE_DTYPES, set_submodule
+from .vocabulary import DENSE_DTYPES, set_submodule
 
 __all__ = ["pack_linears", "PackedLinears", "DEFAULT_MIN_BYTES"]
 

@@ -27,7 +27,7 @@ import torch.nn as nn
 from .decode_attention import NAME as DECODE_ATTENTION
 from .decode_attention import decode_attention_refusal, use_decode_attention
 from .dense_linears import pack_linears as pack_dense_linears
-from .patch import PatchReport, model_dtype
+from .vocabulary import PatchReport, model_dtype
 
 __all__ = ["apply_defaults", "check_switches"]
 

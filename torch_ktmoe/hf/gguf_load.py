@@ -24,7 +24,7 @@ from ..checkpoint.fingerprint import files_fingerprint
 from ..checkpoint.gguf import GGUFError, GGUFModel, expert_layers, layer_experts, open_gguf, split_paths
 from ..layer import GGUF_FORMAT, KTMoE
 from .gguf_config import gguf_config
-from .patch import PatchReport, account
+from .vocabulary import PatchReport, account
 
 _PERMUTED_ROPE = ("llama",)  # llama.cpp's converter permutes these archs' q / k rows for its rope
 

@@ -1,8 +1,10 @@
 """Next-layer prefetch in a patched transformers model (``attach_next_layer_prefetch``; the loaders call it).
 
-Each MoE layer L with a next MoE layer L' (dense layers in between are skipped; the last MoE layer predicts
-nothing) gets a forward pre-hook that hands a hidden state of layer L to a
-:class:`torch_ktmoe.next_layer.NextLayerPredictor` of L' (L''s router, found beside its experts: the block's
+It wires the model's next-layer links: each MoE layer's :class:`~torch_ktmoe.residency.layer_reads.LayerReads` gets
+the next MoE layer's in module order as its ``next`` (dense layers in between are skipped; the last MoE layer has
+none), which a prefill's streaming of the next layer follows too. Each MoE layer L with a next MoE layer L' gets a
+forward pre-hook that hands a hidden state of layer L to a
+:class:`torch_ktmoe.residency.predictor.NextLayerPredictor` of L' (L''s router, found beside its experts: the block's
 ``gate`` / ``router``, else its one child with an [E, H] weight). ``source``:
 
 * ``"experts"`` (default): the hidden state entering L's experts (the post-attention norm's output that L's own
@@ -12,7 +14,7 @@ nothing) gets a forward pre-hook that hands a hidden state of layer L to a
   norm further from what L' routes on.
 
 A failed prediction switches itself off for L with one warning, never failing or changing a forward
-(:class:`~torch_ktmoe.next_layer.NextLayerPredictor`). The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: ``"auto"``, the default, while its
+(:class:`~torch_ktmoe.residency.predictor.NextLayerPredictor`). The predictor runs only while L''s KTMoE asks for it (``next_layer_prefetch``: ``"auto"``, the default, while its
 file-backed experts do not fit in memory, ``True`` always, ``False`` never). Attaching again replaces the hooks. Returns ``(predicted, left)``: the
 ``layer_idx`` of each layer whose experts are predicted, and ``{layer_idx: why not}`` for the others but the first.
 """
@@ -24,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from ..linear import KTLinear
-from ..next_layer import NextLayerPredictor, router_refusal
+from ..residency.predictor import NextLayerPredictor, router_refusal
 from .experts import KTMoEExperts
 
 __all__ = ["attach_next_layer_prefetch", "find_router", "SOURCES"]
@@ -88,6 +90,8 @@ def attach_next_layer_prefetch(model: nn.Module, *, k_prime: int | None = None,
             del m._forward_pre_hooks[key]
             m._forward_pre_hooks_with_kwargs.pop(key, None)
     adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, KTMoEExperts) and m.ktmoe is not None]
+    for (_, adapter), following in zip(adapters, [m for _, m in adapters[1:]] + [None]):
+        adapter.ktmoe.reads.link(following.ktmoe.reads if following is not None else None)
     predicted, left = [], {}
     for (name, adapter), (next_name, following) in zip(adapters, adapters[1:]):
         target = following.ktmoe
@@ -103,7 +107,8 @@ def attach_next_layer_prefetch(model: nn.Module, *, k_prime: int | None = None,
         if reason:
             left[following.layer_idx] = reason
             continue
-        hook = _PredictHook(NextLayerPredictor(router, target, k_prime, layer_idx=adapter.ktmoe.layer_idx))
+        hook = _PredictHook(NextLayerPredictor(router, adapter.ktmoe.reads.next, k_prime,
+                                               layer_idx=adapter.ktmoe.layer_idx))
         module.register_forward_pre_hook(hook, with_kwargs=True)
         predicted.append(following.layer_idx)
     return predicted, left

@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from .._native import _C
 from ..arena import WeightArena
-from ..experts_dir import layer_lock_names
+from ..residency.experts_dir import layer_lock_names
 from ..layer import KTMoE
 from .experts import KTMoEExperts, dense_experts, unpacking_disabled
 from .packed_manifest import (
@@ -70,7 +70,7 @@ from .packed_manifest import (
     is_packed_dir,
     read_manifest,
 )
-from .patch import account
+from .vocabulary import account
 
 READ_ONLY_POLICY = "map"  # only reads: no lock file, no cleanup, nothing created or deleted
 

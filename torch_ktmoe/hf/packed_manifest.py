@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from ..checkpoint.files import read_json
-from ..experts_dir import layer_file_names
+from ..residency.experts_dir import layer_file_names
 from ..ops import WEIGHT_FORMATS
 
 MANIFEST = "ktmoe_packed.json"

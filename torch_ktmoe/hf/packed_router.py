@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .patch import DENSE_DTYPES
+from .vocabulary import DENSE_DTYPES
 
 __all__ = ["pack_router", "is_packed_router", "router_refusal", "REFERENCE_ROUTERS"]
 

@@ -2,16 +2,14 @@
 
 Routers, shared experts (Qwen2-MoE ``shared_expert`` + ``shared_expert_gate``, DeepSeek-V3
 ``shared_experts``) and dense MLP layers (DeepSeek-V3 ``first_k_dense_replace``) stay as they are.
-The discovery and bookkeeping here (:func:`find_experts_blocks`, :class:`PatchReport`) serve
-``from_pretrained`` too.
+The discovery here (:func:`find_experts_blocks`, :func:`adapter_for`) serves ``from_pretrained`` too; the words both
+speak (:class:`PatchReport`, ...) are :mod:`.vocabulary`'s, and both end in :func:`.finish.finish_load`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -26,53 +24,12 @@ from .experts import (
     pack_dense_experts,
     unsupported_reason,
 )
+from .fast_defaults import check_switches
+from .finish import finish_load
+from .vocabulary import (COMPANION_MARKERS, DENSE_DTYPES, ExpertsBlock, PatchReport, RefusedBlock, account,
+                         set_submodule)
 
-if TYPE_CHECKING:
-    from .dense_linears import PackedLinears
-
-__all__ = ["patch_model", "find_experts_blocks", "PatchReport", "RefusedBlock", "ExpertsBlock"]
-
-
-@dataclass
-class ExpertsBlock:
-    name: str  # dotted module path, e.g. "model.layers.3.mlp.experts"
-    module: nn.Module
-    layer_idx: int
-    class_name: str
-
-
-@dataclass
-class RefusedBlock:
-    name: str
-    class_name: str
-    reason: str
-
-
-@dataclass
-class PatchReport:
-    """What ``patch_model`` / ``from_pretrained`` did: the experts blocks replaced (the byte counts are the
-    experts'), then the defaults of :mod:`.fast_defaults`: ``linears`` (``pack_linears``' report, None when the
-    dense linears were left to torch), ``decode_attention`` (attention switched to ``"ktmoe_decode"``) and
-    ``defaults_left`` (``"pack_linears"`` / ``"decode_attention"`` -> why that default was not applied); the
-    layers whose experts the previous MoE layer predicts and reads ahead (``next_layer_predicted``, :mod:`.next_layer`)
-    and why the others are not (``next_layer_left``; the first MoE layer has no previous one)."""
-
-    layers_patched: list[int] = field(default_factory=list)  # layer_idx of each replaced experts block
-    module_names: list[str] = field(default_factory=list)
-    replaced_classes: dict[str, int] = field(default_factory=dict)  # class name -> count
-    packed_bytes: int = 0  # sum of KTMoE.packed_bytes
-    file_backed_bytes: int = 0  # sum of KTMoE.file_backed_bytes
-    dense_bytes_freed: int = 0  # bytes of the dense expert parameters dropped (0 for from_pretrained)
-    refused: list[RefusedBlock] = field(default_factory=list)
-    linears: PackedLinears | None = None
-    decode_attention: bool = False
-    defaults_left: dict[str, str] = field(default_factory=dict)
-    next_layer_predicted: list[int] = field(default_factory=list)  # layer_idx of each layer predicted (next_layer.py)
-    next_layer_left: dict[int, str] = field(default_factory=dict)  # layer_idx -> why it is not predicted
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers_patched)
+__all__ = ["patch_model", "find_experts_blocks"]
 
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -116,21 +73,6 @@ def refusal_error(model: nn.Module, refused: list[RefusedBlock]) -> UnsupportedE
     )
 
 
-def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, attr, new)
-
-DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def model_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype of ``model``'s first floating-point parameter (fp32 if it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-COMPANION_MARKERS = ("scale", "zero", "qweight", "qzeros", "packed", "g_idx", "_blocks")
-
-
 def check_dense_dtype(block: ExpertsBlock, pname: str) -> None:
     """ValueError naming ``block.pname``, its dtype and the block's quantization companions unless it is
     fp32 / bf16 / fp16 (integer or fp8 tensors are codes; packing them as numbers would be silently wrong)."""
@@ -169,13 +111,6 @@ def adapter_for(block: ExpertsBlock, ktmoe) -> KTMoEExperts:
     adapter.dense_dtype = dtype
     return adapter
 
-
-def mark_config(model: nn.Module) -> None:
-    # Report "ktmoe" from model.get_experts_implementation(); KTMoEExperts itself does not dispatch on it.
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "_experts_implementation_internal"):
-            cfg._experts_implementation_internal = "ktmoe"
 
 # ---------------------------------------------------------------------------------------------
 # patch_model
@@ -217,8 +152,6 @@ def patch_model(
     predicts the next one's experts with that layer's router and reads them ahead while it computes, while the
     experts do not fit in memory; ``True`` always, ``False`` never (:mod:`.next_layer`).
     """
-    from .fast_defaults import apply_defaults, check_switches  # it imports this module
-
     check_switches(pack_linears=pack_linears, decode_attention=decode_attention)
     blocks, refused = find_experts_blocks(model)
     if refused and strict:
@@ -255,25 +188,7 @@ def patch_model(
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         account(report, b, ktm, dense)
         b.module = None  # drop our reference to the old module
-    if not refused:
-        mark_config(model)
-    apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
-    attach_next_layer(model, report)
-    model.ktmoe_report = report
+    finish_load(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
     return report
 
 
-def attach_next_layer(model: nn.Module, report: PatchReport) -> None:
-    """Next-layer prefetch through the patched layers (:mod:`.next_layer`), recorded in ``report``."""
-    from .next_layer import attach_next_layer_prefetch
-
-    report.next_layer_predicted, report.next_layer_left = attach_next_layer_prefetch(model)
-
-
-def account(report: PatchReport, b: ExpertsBlock, ktm, dense_bytes: int) -> None:
-    report.layers_patched.append(b.layer_idx)
-    report.module_names.append(b.name)
-    report.replaced_classes[b.class_name] = report.replaced_classes.get(b.class_name, 0) + 1
-    report.packed_bytes += int(ktm.packed_bytes)
-    report.file_backed_bytes += int(ktm.file_backed_bytes)
-    report.dense_bytes_freed += dense_bytes

@@ -21,25 +21,15 @@ import torch
 
 from ..checkpoint import (INT4_QUANT_METHODS, MOE_BLOCK_NAMES, SafetensorsCheckpoint, check_int4_config, checkpoint_fingerprint,
                           exact_format, exact_group_size, find_experts, load_experts, reader_experts)
-from ..memory import release_free_heap
 from . import gguf_load, packed_dir
 from .experts import experts_dims
-from .fast_defaults import apply_defaults, check_switches
+from .fast_defaults import check_switches
+from .finish import finish_load, mark_config
 from .fp8_dense import dequantize_loaded_fp8, is_scale_key
 from .int4_dense import dequantize_loaded_int4, int4_modules, is_int4_key
 from .load_hook import before_and_after_weight_loading
-from .patch import (
-    PatchReport,
-    RefusedBlock,
-    account,
-    adapter_for,
-    attach_next_layer,
-    find_experts_blocks,
-    mark_config,
-    model_dtype,
-    refusal_error,
-    set_submodule,
-)
+from .patch import adapter_for, find_experts_blocks, refusal_error
+from .vocabulary import PatchReport, RefusedBlock, account, model_dtype, set_submodule
 
 __all__ = ["from_pretrained"]
 
@@ -322,7 +312,7 @@ def from_pretrained(
         model, report = _from_gguf(pretrained_model_name_or_path, gguf_file, model_class,
                                    torch_dtype if dtype is None else dtype, weight_format, mmap_experts_dir,
                                    ktmoe_kwargs, strict, progress, hf_kwargs)
-        return _finish(model, report, pack_linears, decode_attention)
+        return finish_load(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
     path, hf_kwargs = _transformers_kwargs(pretrained_model_name_or_path, torch_dtype if dtype is None else dtype,
                                            hf_kwargs)
     packed = packed_dir.packed_dir_layers(path, weight_format=weight_format, mmap_experts_dir=mmap_experts_dir,
@@ -336,15 +326,4 @@ def from_pretrained(
         mark_config(model)
     else:
         _stream_experts(model, path, swap.entries, weight_format, mmap_experts_dir, ktmoe_kwargs, report, progress)
-    return _finish(model, report, pack_linears, decode_attention)
-
-
-def _finish(model, report: PatchReport, pack_linears: bool, decode_attention: bool):
-    """The loaders' common end: the config marked, the fast defaults, next-layer prefetch, the report."""
-    if not report.refused:
-        mark_config(model)
-    apply_defaults(model, report, pack_linears=pack_linears, decode_attention=decode_attention)
-    attach_next_layer(model, report)
-    release_free_heap()  # the dense staging buffers of the stream and the packed linears' dense weights, to the OS
-    model.ktmoe_report = report
-    return model
+    return finish_load(model, report, pack_linears=pack_linears, decode_attention=decode_attention)

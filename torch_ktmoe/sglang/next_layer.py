@@ -11,8 +11,8 @@ a model's layers; a wrapper whose ``layer_idx`` its path's latest model already 
 model. Two models in one process never take each other's layers, whether their checkpoints differ or not.
 
 A prediction is an optimisation: a router that cannot be read (the checkpoint gone, a NaN in it, a config.json that
-is not one) switches it off for that layer with one :class:`~torch_ktmoe.next_layer.NextLayerPrefetchWarning`
-(:func:`~torch_ktmoe.next_layer.warn_prefetch_off`); so does a failing read ahead, in the predictor itself.
+is not one) switches it off for that layer with one :class:`~torch_ktmoe.residency.predictor.NextLayerPrefetchWarning`
+(:func:`~torch_ktmoe.residency.predictor.warn_prefetch_off`); so does a failing read ahead, in the predictor itself.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ others are packed, into one :class:`torch_ktmoe.KTMoE` of ``E_cpu`` experts.
 The CPU forward runs on one worker thread; ``torch.ops.ktmoe.moe_forward``
 releases the GIL, so the caller's GPU work overlaps it.
 
-Next-layer prefetch (:mod:`torch_ktmoe.next_layer`, wired by :mod:`.next_layer`). Before running its experts, a
+Next-layer prefetch (:mod:`torch_ktmoe.residency.predictor`, wired by :mod:`.next_layer`). Before running its experts, a
 wrapper applies the next MoE layer's router (read from the checkpoint, once) to the hidden state it was given and
 reads the predicted experts that the next wrapper of the same model holds on the CPU ahead (logical ids -> that
 wrapper's CPU slots; GPU experts are not read), while that layer asks for it (``next_layer_prefetch``: ``"auto"``,
@@ -43,7 +43,7 @@ from .. import ops
 from ..checkpoint import (SafetensorsCheckpoint, as_kernel_input, checkpoint_fingerprint, exact_group_size,
                           load_experts, make_ktmoe, reader_experts, utf8_path)
 from ..layer import GGUF_FORMAT, KTMoE
-from ..next_layer import NextLayerPredictor, warn_prefetch_off
+from ..residency.predictor import NextLayerPredictor, warn_prefetch_off
 from ..ops import GATED_ACTIVATIONS
 from ..ops import activation_params as activation_params_of
 from .checkpoint import (GPT_OSS_LAYOUT, check_weight_path, checkpoint_config, config_number, is_gpt_oss,
@@ -428,6 +428,7 @@ class KTMoEWrapper:
                 if following is None or following.moe is None or following._slot_of_logical is None:
                     return None  # not loaded yet: asked again next forward
                 self._following = weakref.ref(following)
+            self.moe.reads.link(following.moe.reads)  # this model's next layer (a prefill streams it too)
             if not following.moe.next_layer_prefetching:
                 if following.moe.next_layer_prefetch_mode is False:
                     self._predictor = False
@@ -444,7 +445,7 @@ class KTMoEWrapper:
                          following.layer_idx, reason)
                 self._predictor = False
             else:
-                self._predictor = NextLayerPredictor(router, following.moe, id_map=following._slot_of_logical,
+                self._predictor = NextLayerPredictor(router, self.moe.reads.next, id_map=following._slot_of_logical,
                                                      layer_idx=self.layer_idx)
         return self._predictor or None
 

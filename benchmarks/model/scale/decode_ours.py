@@ -51,7 +51,7 @@ def io_counters(model) -> dict:
     """Cumulative disk figures: the process's read_bytes (/proc/self/io) and the residency report's totals
     (hits / misses, bytes read and seconds while the layers waited, the next-layer predictor's routed / found)."""
     from torch_ktmoe import residency_report
-    from torch_ktmoe.residency import process_read_bytes
+    from torch_ktmoe.residency.counters import process_read_bytes
 
     r = residency_report(model)
     return dict(read_bytes=process_read_bytes(), hits=r["hits"], misses=r["misses"], wait_bytes=r["read_bytes"],
@@ -98,7 +98,7 @@ def load_model(path: str, routing: str):
     next_layer = os.environ.get("KTMOE_SCALE_NEXT_LAYER", "off")
     reader_threads = int(os.environ.get("KTMOE_SCALE_READER_THREADS", "-1"))
     if reader_threads >= 0:  # 0: next-layer reads become MADV_WILLNEED from the compute thread
-        from torch_ktmoe import expert_reads
+        from torch_ktmoe.residency import reads as expert_reads
 
         expert_reads.set_reader_threads(reader_threads)
     kwargs = {}

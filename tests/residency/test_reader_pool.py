@@ -1,4 +1,4 @@
-"""The reader pool (csrc/arena/reader_pool.h, torch_ktmoe.expert_reads): reads of file-backed experts land in
+"""The reader pool (csrc/arena/reader_pool.h, torch_ktmoe.residency.reads): reads of file-backed experts land in
 the page cache, experts already there are not read again, no thread before the first read, threads stop at exit and a forked child reads on its own,
 a read past the file's end is a recorded error (no hang), bad ids are errors, anonymous tensors do nothing,
 and outputs do not depend on how the experts were read."""
@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from tests.helpers import random_experts, random_routing
-from torch_ktmoe import KTMoE, expert_reads, ops
+from torch_ktmoe import KTMoE, ops
+from torch_ktmoe.residency import reads as expert_reads
 from torch_ktmoe._native import _C
 
 E, K, H, I = 16, 2, 512, 256
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _layer(directory=None, prefetch=False):
@@ -142,9 +143,9 @@ def test_no_thread_before_the_first_read_and_none_after_exit(tmp_path):
         def threads():
             return sum(open(f"/proc/self/task/{{t}}/comm").read().strip() == "ktmoe-read" for t in os.listdir("/proc/self/task"))
         atexit.register(lambda: print("at exit", threads(), flush=True))  # runs after the pool's stop (LIFO)
-        from tests.test_reader_pool import _layer, _settle, E, H, K
+        from tests.residency.test_reader_pool import _layer, _settle, E, H, K
         from tests.helpers import random_routing
-        from torch_ktmoe import expert_reads
+        from torch_ktmoe.residency import reads as expert_reads
         anon = _layer(prefetch=True)
         x = torch.randn(2, H); ids, w = random_routing(2, E, K)
         anon(x, ids, w)
@@ -165,8 +166,8 @@ def test_no_thread_before_the_first_read_and_none_after_exit(tmp_path):
 def test_a_forked_child_reads_with_its_own_threads(tmp_path):
     out = _run(f"""
         import os, time, torch
-        from tests.test_reader_pool import _layer, _settle, _resident, E
-        from torch_ktmoe import expert_reads
+        from tests.residency.test_reader_pool import _layer, _settle, _resident, E
+        from torch_ktmoe.residency import reads as expert_reads
         layer = _layer({str(tmp_path)!r})
         w13, w2 = layer.packed_tensors()[0]
         for a in layer.arenas: a.evict()  # not resident: read_ahead_experts queues them
@@ -192,8 +193,8 @@ def test_a_forked_child_reads_with_its_own_threads(tmp_path):
 def test_a_truncated_file_is_a_recorded_error_not_a_hang(tmp_path):
     out = _run(f"""
         import os, torch
-        from tests.test_reader_pool import _layer, _settle, E
-        from torch_ktmoe import expert_reads
+        from tests.residency.test_reader_pool import _layer, _settle, E
+        from torch_ktmoe.residency import reads as expert_reads
         layer = _layer({str(tmp_path)!r})
         w13, w2 = layer.packed_tensors()[0]
         (arena,) = [a for a in layer.arenas if a.file_mode]

@@ -5,7 +5,7 @@ import gc
 import torch_ktmoe
 from tests.helpers import random_experts
 from torch_ktmoe import KTMoE
-from torch_ktmoe.experts_dir import experts_dir, layer_file_names, layer_lock_names
+from torch_ktmoe.residency.experts_dir import experts_dir, layer_file_names, layer_lock_names
 
 E, K, H, I = 8, 2, 256, 128
 

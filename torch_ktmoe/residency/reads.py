@@ -14,7 +14,7 @@ knows them ahead of the compute (the next-layer prefetch: a layer's likely exper
 it asks the kernel (``MADV_WILLNEED``), which queues all their reads at once (``csrc/ops/expert_reads.h``
 gives the measurement).
 """
-from ._native import _C
+from .._native import _C
 
 __all__ = ["read_ahead_experts", "reader_pool_stats", "set_reader_threads", "stop_reader_pool"]
 

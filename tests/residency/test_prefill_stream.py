@@ -1,6 +1,6 @@
-"""A prefill's streaming of the next layer (KTMoE, ExpertsDir.stream_after, LayerArenas.stream): a forward routed
+"""A prefill's streaming of the next layer (KTMoE, LayerReads.stream_next, LayerArenas.stream): a forward routed
 to at least 3/4 of a layer's experts, while the model's file-backed experts do not fit (``prefetching``), maps
-the next layer of the same directory in the background (MADV_POPULATE_READ alone); decode, fitting models,
+the next layer (LayerReads.next: unwired, the next index of the same directory) in the background (MADV_POPULATE_READ alone); decode, fitting models,
 anonymous experts and the last layer start nothing; outputs never change; ``routed_to_most`` says what counts."""
 import os
 import subprocess
@@ -13,8 +13,9 @@ import torch
 from tests.helpers import random_experts
 from torch_ktmoe import KTMoE, memory, ops
 from torch_ktmoe._native import _C
-from torch_ktmoe.experts_dir import ExpertsDir
+from torch_ktmoe.residency.experts_dir import ExpertsDir
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 E, K, H, I = 8, 2, 256, 128
 ALL = torch.arange(E).reshape(E // K, K)  # 4 tokens routed to every expert: a prefill
 ONE = torch.tensor([[0, 1]])  # decode: 2 of the 8 experts
@@ -98,11 +99,11 @@ def test_layers_that_do_not_fit_together_stream_nothing(tmp_path, monkeypatch):
     _evicted(second)
     room = first.arenas.file_backed_bytes + second.arenas.file_backed_bytes
     monkeypatch.setattr(memory, "file_room_bytes", lambda: room - 1)  # streaming would evict the layer computing
-    assert not first.arenas.experts_dir.stream_after(first.arenas)
+    assert not first.reads.stream_next()
     got, ref = _forward(first, ALL)
     assert torch.equal(got, ref) and second.arenas.file_resident_bytes == 0
     monkeypatch.setattr(memory, "file_room_bytes", lambda: room)
-    assert first.arenas.experts_dir.stream_after(first.arenas)
+    assert first.reads.stream_next()
     for a in second.arenas:
         a.join_prefault()
 
@@ -111,7 +112,7 @@ def test_a_layer_the_warm_has_queued_is_left_to_the_warm(tmp_path):
     first, second = _model(tmp_path, prefetch=True)
     _evicted(second)
     second.arenas.warm_pending = True  # the model's warm maps it; its status stays the warm's
-    assert not first.arenas.experts_dir.stream_after(first.arenas)
+    assert not first.reads.stream_next()
     _forward(first, ALL)
     assert second.arenas.file_resident_bytes == 0
 
@@ -123,11 +124,11 @@ def test_the_next_layer_is_the_next_index_of_the_same_directory(tmp_path):
     other = _model(tmp_path / "b", layers=2)
     directory = layers[0].arenas.experts_dir
     assert isinstance(directory, ExpertsDir)
-    assert directory.next_layer(layers[0].arenas) is layers[1].arenas
-    assert directory.next_layer(layers[1].arenas) is layers[2].arenas
-    assert directory.next_layer(layers[2].arenas) is None
-    assert not directory.stream_after(layers[2].arenas)
-    assert other[0].arenas.experts_dir.next_layer(other[0].arenas) is other[1].arenas
+    assert directory.layer_after(layers[0].reads) is layers[1].reads
+    assert layers[0].reads.next is layers[1].reads and layers[1].reads.next is layers[2].reads  # unwired: the fallback
+    assert layers[2].reads.next is None
+    assert not layers[2].reads.stream_next()
+    assert other[0].reads.next is other[1].reads
 
 
 def test_anonymous_experts_stream_nothing():
@@ -185,7 +186,7 @@ print("exit")
 @pytest.mark.parametrize("how", ["exit", "fork"])
 def test_exit_or_fork_while_a_stream_runs(tmp_path, how):
     res = subprocess.run([sys.executable, "-c", _EXIT_WHILE_STREAMING, str(tmp_path), how], capture_output=True,
-                         text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0 and res.stdout.strip().endswith("exit"), res.stderr[-2000:]
 
 
@@ -209,7 +210,7 @@ for a in layer.arenas:
 
 def test_a_truncated_next_layer_ends_its_stream_with_an_error(tmp_path):
     res = subprocess.run([sys.executable, "-c", _TRUNCATED, str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().startswith("error: madvise(MADV_POPULATE_READ)"), res.stdout
 
@@ -220,11 +221,11 @@ def test_a_failing_stream_warns_once_and_switches_streaming_off(tmp_path, monkey
     first, second = _model(tmp_path, prefetch=True)
     calls = []
 
-    def gone(self, arenas):
+    def gone(self, arenas, beside_bytes):
         calls.append(arenas)
         raise FileNotFoundError(2, "No such file or directory", str(tmp_path))
 
-    monkeypatch.setattr(ExpertsDir, "stream_after", gone)
+    monkeypatch.setattr(ExpertsDir, "stream", gone)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(3):

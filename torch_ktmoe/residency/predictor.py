@@ -4,7 +4,7 @@
 -------------------------------------------------------
 The residual stream changes little from one layer to the next, so layer L+1's router applied to a hidden state of
 layer L picks most of the experts L+1 will pick (training-free: nothing is learned). :class:`NextLayerPredictor`
-holds layer L+1's router weight (and bias) and its :class:`~torch_ktmoe.KTMoE`; called with the hidden state
+holds layer L+1's router weight (and bias) and its :class:`~.layer_reads.LayerReads`; called with the hidden state
 entering layer L's experts (``[T, H]``, before they run), it computes
 
 * ``logits = x @ W_{L+1}^T (+ b)`` (``ktmoe::linear`` when the router was packed by ``pack_linears``),
@@ -15,11 +15,15 @@ entering layer L's experts (``[T, H]``, before they run), it computes
   a superset-leaning guess;
 * the top-k' experts of each token (k' = k by default: on a 30B-class model 2k read twice the bytes and decoded
   slower, docs/memory.md), their union over the tokens, and
-  ``torch_ktmoe.expert_reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
+  ``torch_ktmoe.residency.reads.read_ahead_experts(w13, w2, ids)`` per NUMA part of layer L+1: queued to the reader
   pool's I/O threads, so the disk works while layer L's experts compute. Where the union is at least 3/4 of the
-  experts (a prefill), layer L+1 is mapped whole instead (``ExpertsDir.stream``, what a prefill's forward does
-  without a predictor: docs/memory.md), which reads faster than the pool's pieces. It only reads into the page cache:
-  every output is the same with and without it.
+  experts (a prefill, :func:`~.routing.routed_to_most`), layer L+1 is mapped whole instead (``ExpertsDir.stream``,
+  what a prefill's forward does without a predictor: docs/memory.md), which reads faster than the pool's pieces. It
+  only reads into the page cache: every output is the same with and without it.
+
+A prediction that does not pay is not read: the predicted layer's :class:`~.prediction_gate.PredictionGate` switches
+the reads off while the recall of its last predictions is under 1/2 (as many wrong experts read as right ones), still
+predicting one forward in a few to measure it, and back on when it recovers.
 
 A prediction is an optimisation: the first time one fails (the read ahead, the stream, a router the host could not
 read), it is switched off for that layer with one :class:`NextLayerPrefetchWarning` naming the layers and the
@@ -31,8 +35,8 @@ inside a compiled graph (``torch.compiler.is_compiling()``), and never for a has
 layers: their experts follow the token ids, not the hidden state). Cost when on: one ``[T, H] x [H, E]`` product, a
 top-k' and a ``unique`` per layer and forward (measured in docs/memory.md).
 
-Recall. The predicted ids wait on layer L+1 (:class:`PredictionRecall`); its next forward compares them with the
-ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),
+Recall. The predicted ids wait on layer L+1 (:class:`~.recall.PredictionRecall`); its next forward compares them
+with the ids its router actually chose: recall = |predicted ∩ routed| / |routed|, summed over tokens (ids < 0 skipped),
 shown by :meth:`torch_ktmoe.KTMoE.residency_stats` and :func:`torch_ktmoe.residency_report`.
 """
 from __future__ import annotations
@@ -44,14 +48,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import expert_reads, ops
-from ._native import _C
+from .. import ops
+from . import reads
+from .routing import routed_to_most
 
-__all__ = ["NextLayerPredictor", "PredictionRecall", "router_refusal", "NEXT_LAYER_MODES", "NextLayerPrefetchWarning",
-           "warn_prefetch_off"]
-
-NEXT_LAYER_MODES = ("auto", True, False)
-RECALL_COUNTERS = ("predicted_forwards", "predicted_routed", "predicted_found")
+__all__ = ["NextLayerPredictor", "router_refusal", "NextLayerPrefetchWarning", "warn_prefetch_off"]
 
 
 class NextLayerPrefetchWarning(RuntimeWarning):
@@ -67,39 +68,6 @@ def warn_prefetch_off(layer: Optional[int], target: int, error: BaseException, s
     return reason
 
 
-class PredictionRecall:
-    """The predictions waiting on one layer and how many of its routed experts they named (see the module)."""
-
-    def __init__(self):
-        self.pending: Optional[torch.Tensor] = None  # [T, k'] ids predicted for the next forward
-        self.reset()
-
-    def reset(self) -> None:
-        self.counts = dict.fromkeys(RECALL_COUNTERS, 0)
-
-    def expect(self, predicted: torch.Tensor) -> None:
-        self.pending = predicted
-
-    def observe(self, topk_ids: torch.Tensor) -> None:
-        """Compares the pending prediction with ``topk_ids`` [T, k] (or [B, S, k]) and drops it; a prediction for
-        another number of tokens (a forward that never reached this layer) is dropped uncounted."""
-        predicted, self.pending = self.pending, None
-        routed = topk_ids.reshape(-1, topk_ids.shape[-1])
-        if predicted is None or predicted.shape[0] != routed.shape[0]:
-            return
-        valid = routed >= 0
-        found = (routed.unsqueeze(-1) == predicted.unsqueeze(1)).any(-1) & valid
-        c = self.counts
-        c["predicted_forwards"] += 1
-        c["predicted_routed"] += int(valid.sum())
-        c["predicted_found"] += int(found.sum())
-
-    def stats(self) -> dict:
-        c = dict(self.counts)
-        c["recall"] = c["predicted_found"] / c["predicted_routed"] if c["predicted_routed"] else None
-        return c
-
-
 def router_refusal(router: nn.Module) -> Optional[str]:
     """Why ``router``'s choice cannot be predicted from a hidden state, or None."""
     if hasattr(router, "tid2eid"):
@@ -113,15 +81,17 @@ def router_refusal(router: nn.Module) -> Optional[str]:
 
 
 class NextLayerPredictor:
-    """Predicts the experts of ``target`` (layer L+1's KTMoE) with ``router`` (layer L+1's router module) from
-    layer L's hidden state and reads them ahead; see the module. ``k_prime``: experts predicted per token
+    """Predicts the experts of ``target`` (layer L+1's :class:`~.layer_reads.LayerReads`, the ``next`` of layer L's;
+    a KTMoE stands for its ``reads``) with ``router`` (layer L+1's router module) from layer L's hidden state and
+    reads them ahead; see the module. ``k_prime``: experts predicted per token
     (default k, at most the router's rows). ``id_map`` [router rows] int64: the target's expert of each router
     row, -1 where it holds none (sglang's CPU slots; None: the same ids). ``layer_idx``: the layer it runs in
     (named in the warning when it fails). Called as ``predictor(hidden_states [..., H])``; returns nothing; a
     failure switches it off (:attr:`off`: why) with one :class:`NextLayerPrefetchWarning`."""
 
-    def __init__(self, router: nn.Module, target: nn.Module, k_prime: Optional[int] = None,
+    def __init__(self, router: nn.Module, target, k_prime: Optional[int] = None,
                  id_map: Optional[torch.Tensor] = None, layer_idx: Optional[int] = None):
+        target = getattr(target, "reads", target)
         reason = router_refusal(router)
         if reason is not None:
             raise ValueError(f"cannot predict layer {target.layer_idx} from {type(router).__name__}: {reason}")
@@ -160,30 +130,34 @@ class NextLayerPredictor:
         return ids if self.id_map is None else self.id_map[ids]
 
     def __call__(self, hidden_states: torch.Tensor) -> None:
-        if self.off is not None or torch.compiler.is_compiling() or not self.target.next_layer_prefetching:
+        target = self.target
+        if (self.off is not None or torch.compiler.is_compiling() or not target.next_layer_prefetching
+                or not target.gate.predicts_now()):
             return
         try:
             with torch.no_grad():
                 predicted = self.predict(hidden_states)
-                self._read_ahead(predicted)
+                if target.gate.reading:  # (else a probe: its recall is measured, nothing read)
+                    self._read_ahead(predicted)
         except Exception as e:  # noqa: BLE001 - an optimisation never fails the forward
-            self.off = warn_prefetch_off(self.layer_idx, self.target.layer_idx, e)
+            self.off = warn_prefetch_off(self.layer_idx, target.layer_idx, e)
             return
-        self.target.next_layer_recall.expect(predicted)
+        target.recall.expect(predicted)
 
     def _read_ahead(self, predicted: torch.Tensor) -> None:
         """The predicted experts read into the page cache (a prefill's union: the layer mapped whole)."""
         experts = torch.unique(predicted)
         experts = experts[(experts >= 0) & (experts < self.target.num_experts)]  # LongCat's zero expert, ...
-        gguf = getattr(self.target, "gguf", None)
-        if gguf is not None:  # a GGUF file's blocks where they lie: WILLNEED over their rows (no arena, no pool)
-            if not _C.routed_to_most(self.target.num_experts, experts):  # (a prefill's layer faults in itself)
-                gguf.advise(experts)
+        target = self.target
+        most = routed_to_most(target.num_experts, experts)
+        if target.gguf is not None:  # a GGUF file's blocks where they lie: WILLNEED over their rows (no arena, no pool)
+            if not most:  # (a prefill's layer faults in itself)
+                target.gguf.advise(experts)
             return
-        if _C.routed_to_most(self.target.num_experts, experts):  # a prefill's union: map layer L+1 whole
-            directory = self.target.arenas.experts_dir
+        if most:  # a prefill's union: map layer L+1 whole
+            directory = target.arenas.experts_dir
             if directory is not None:
-                directory.stream(self.target.arenas, self.target.arenas.file_backed_bytes)
+                directory.stream(target.arenas, target.arenas.file_backed_bytes)
             return
-        for w13, w2 in self.target.packed_tensors():
-            expert_reads.read_ahead_experts(w13, w2, experts)
+        for w13, w2 in target.packed:
+            reads.read_ahead_experts(w13, w2, experts)

@@ -1,4 +1,4 @@
-"""Next-layer prefetch (torch_ktmoe.next_layer, torch_ktmoe.hf.next_layer): the predictor's ids and their recall on
+"""Next-layer prefetch (torch_ktmoe.residency.predictor, torch_ktmoe.hf.next_layer): the predictor's ids and their recall on
 cases with known routing, the read-ahead calls it makes, the wiring in patched transformers models (dense layers
 skipped, the last MoE layer predicting nothing), outputs unchanged, off while the experts fit, compiled decode."""
 import warnings
@@ -10,8 +10,9 @@ from torch import nn
 import torch_ktmoe
 from tests.helpers import random_experts
 from tests.helpers.hf_models import PROMPT, make_model
-from torch_ktmoe import KTMoE, expert_reads, hf, memory
-from torch_ktmoe.next_layer import NextLayerPredictor, NextLayerPrefetchWarning
+from torch_ktmoe import KTMoE, hf, memory
+from torch_ktmoe.residency import reads as expert_reads
+from torch_ktmoe.residency.predictor import NextLayerPredictor, NextLayerPrefetchWarning
 
 E, K, H, I = 8, 2, 64, 32
 
@@ -139,6 +140,20 @@ def test_hf_wiring_skips_dense_layers_and_the_last_layer_predicts_nothing():
     assert all(s["predicted_routed"] == PROMPT.numel() * 2 for s in r["per_layer"].values())
     assert 0.0 <= r["recall"] <= 1.0
     assert r["recall"] == sum(s["recall"] for s in r["per_layer"].values()) / 2
+
+
+def test_hf_wires_each_layers_one_next_link_by_module_order():
+    """The link the predictor and a prefill's streaming follow: the next MoE layer's reads (the dense layer skipped),
+    none after the last; each predictor targets its layer's link."""
+    model = make_model("deepseek_v3", num_hidden_layers=4)  # layer 0 dense, MoE layers 1, 2, 3
+    hf.patch_model(model, next_layer_prefetch=True)
+    layers = [m for m in model.modules() if isinstance(m, KTMoE)]
+    assert [m.layer_idx for m in layers] == [1, 2, 3]
+    assert layers[0].reads.next is layers[1].reads and layers[1].reads.next is layers[2].reads
+    assert layers[2].reads.next is None
+    predictors = [h.predictor for m in model.modules() for h in m._forward_pre_hooks.values()
+                  if hasattr(h, "predictor")]
+    assert [p.target for p in predictors] == [layers[1].reads, layers[2].reads]
 
 
 def test_hf_recall_is_one_when_the_residual_stream_does_not_change():

@@ -18,7 +18,8 @@ import torch
 
 import torch_ktmoe
 from tests.helpers import random_experts, random_routing
-from torch_ktmoe import KTMoE, WeightArena, memory, model_warm
+from torch_ktmoe import KTMoE, WeightArena, memory
+from torch_ktmoe.residency import model_warm
 
 E, K, H, I = 16, 4, 256, 512  # 12 MiB packed bf16 per layer
 LAYERS = 3
@@ -188,7 +189,8 @@ def test_interpreter_exit_or_freeing_the_model_during_a_warm_does_not_hang(tmp_p
 
 FORK_CHILD = textwrap.dedent("""
     import os, signal, sys, threading, time, torch
-    from torch_ktmoe import KTMoE, model_warm
+    from torch_ktmoe import KTMoE
+    from torch_ktmoe.residency import model_warm
     directory, child_does = sys.argv[1], sys.argv[2]
     go = threading.Event()  # the worker starts once the layer's file is cold: its read is long
     real_warm_layer = model_warm.ModelWarm._warm_layer

@@ -1,10 +1,10 @@
 """ExpertsDir: one experts directory, one object: the layers whose experts live there, its read-ahead decision,
-its background warm, a prefill's streaming of the next layer, and the names of its files.
+its background warm, a prefill's streaming of a layer, and the names of its files.
 
 A directory holds one model's layers (its files are named by layer index and NUMA part), so what is decided
 per model lives here: whether the model's file-backed experts fit in memory (read-ahead of the routed experts
 when they do not, ``KTMoE(prefetch="auto")``) and the background warm of ``warm="auto"``
-(:class:`torch_ktmoe.model_warm.ModelWarm`). There is one ``ExpertsDir`` per real path (:func:`experts_dir`),
+(:class:`~.model_warm.ModelWarm`). There is one ``ExpertsDir`` per real path (:func:`experts_dir`),
 shared by every layer loaded from it and by their copies; a forked child starts with no warm, and interpreter
 exit stops every warm. File and lock names are spelled in C++ (``csrc/arena/cache_file.h``); the directory
 itself goes down into each arena once (:class:`torch_ktmoe.layer_arenas.LayerArenas`).
@@ -15,8 +15,8 @@ import threading
 import weakref
 from typing import Dict, List
 
-from . import memory
-from ._native import _C
+from .. import memory
+from .._native import _C
 from .model_warm import ModelWarm
 
 
@@ -42,17 +42,17 @@ class ExpertsDir:
         self.path = path
         self.file_experts_fit = True  # the read-ahead decision: the last layer loaded decides for the model
         self.warm = ModelWarm(self)
-        self._layers: List[weakref.ref] = []  # the LayerArenas loaded from here, load order
+        self._layers: List[weakref.ref] = []  # the LayerReads of the layers loaded from here, load order
 
     def __deepcopy__(self, memo):  # one per directory: a copied layer shares it
         return self
 
-    def loaded(self, arenas) -> None:
-        """A layer's arenas finished a load with file-backed experts: decide read-ahead again (the last layer
-        loaded sees the whole model) and remember the layer."""
+    def loaded(self, reads) -> None:
+        """A layer (its :class:`~.layer_reads.LayerReads`) finished a load with file-backed experts: decide
+        read-ahead again (the last layer loaded sees the whole model) and remember the layer."""
         self.file_experts_fit = memory.file_experts_fit_in_memory()
-        if not any(r() is arenas for r in self._layers):
-            self._layers = [r for r in self._layers if r() is not None] + [weakref.ref(arenas)]
+        if not any(r() is reads for r in self._layers):
+            self._layers = [r for r in self._layers if r() is not None] + [weakref.ref(reads)]
 
     def warm_on_load(self, arenas) -> ModelWarm:
         """``warm="auto"`` after :meth:`loaded`: queue the layer while the model fits, else stop the model's warm."""
@@ -63,19 +63,19 @@ class ExpertsDir:
                            "experts instead")
         return self.warm
 
+    def layer_reads(self) -> list:
+        """The live layers' :class:`~.layer_reads.LayerReads`, load order."""
+        return [r for r in (ref() for ref in self._layers) if r is not None]
+
     def layers(self) -> list:
         """The live layers' :class:`LayerArenas`, load order."""
-        return [a for a in (r() for r in self._layers) if a is not None]
+        return [r.arenas for r in self.layer_reads()]
 
-    def next_layer(self, arenas):
-        """The live layer loaded from here with the next larger layer index after ``arenas``'s, or None."""
-        later = [a for a in self.layers() if a.layer_idx > arenas.layer_idx]
-        return min(later, key=lambda a: a.layer_idx) if later else None
-
-    def stream_after(self, arenas) -> bool:
-        """A prefill of the layer ``arenas`` has started: stream the next layer (:meth:`stream`) beside it."""
-        following = self.next_layer(arenas)
-        return following is not None and self.stream(following, arenas.file_backed_bytes)
+    def layer_after(self, reads):
+        """The live layer loaded from here with the next larger layer index after ``reads``'s, or None: the next
+        layer of a model nobody wired (:attr:`LayerReads.next`)."""
+        later = [r for r in self.layer_reads() if r.layer_idx > reads.layer_idx]
+        return min(later, key=lambda r: r.layer_idx) if later else None
 
     def stream(self, arenas, beside_bytes: int) -> bool:
         """Map the layer ``arenas``'s experts in the background (:meth:`LayerArenas.stream`) while a layer of

@@ -1,7 +1,7 @@
 """ModelWarm: the background warm of one model, one worker per experts directory (``KTMoE(warm="auto")``).
 
 ``warm="auto"`` (KTMoE's default) hands each loaded layer with file-backed experts to the
-:class:`ModelWarm` of its :class:`torch_ktmoe.experts_dir.ExpertsDir` (one directory holds one model's
+:class:`ModelWarm` of its :class:`torch_ktmoe.residency.experts_dir.ExpertsDir` (one directory holds one model's
 layers) while the model's file-backed experts fit in memory, the decision read-ahead already takes at
 every load (:func:`torch_ktmoe.memory.file_experts_fit_in_memory`: the last layer loaded sees the whole
 model). One worker thread per model prefaults the layers in
@@ -14,10 +14,10 @@ memory headroom when its turn comes (:meth:`LayerArenas.read_budget`).
 Threads and lifetime: the reads run in the arena's C++ I/O thread without the GIL; the worker
 (a daemon thread) only starts them and polls their status 50 times a second, holding weak
 references, so it keeps no layer alive: freeing a layer stops its read (the arena's destructor).
-The worker ends when its queue is empty; :func:`torch_ktmoe.experts_dir.stop_all_warms` (registered
+The worker ends when its queue is empty; :func:`torch_ktmoe.residency.experts_dir.stop_all_warms` (registered
 with ``atexit``) stops every model's warm at interpreter exit. A child made by ``fork()`` (data loaders,
 multiprocessing's fork start method, pre-forking servers) has none of the parent's threads: it starts with
-no warm (:meth:`ModelWarm.forget_after_fork`, called by experts_dir.py's :func:`os.register_at_fork`
+no warm (:meth:`ModelWarm.forget_after_fork`, called by residency/experts_dir.py's :func:`os.register_at_fork`
 handler; the arenas forget their prefault threads in C++ likewise), so its ``join_warm()`` and its exit do not wait for
 them. An error while warming (``prefault_status`` ``"error: ..."``) warns (:class:`WarmWarning`)
 and is kept in :meth:`progress`; the forward then faults the pages in as without warm.

@@ -19,23 +19,21 @@ expert and packed matrix, a walk over its pages (~35 us per layer at decode on t
 ahead (they do not fit in RAM, or the warm has not reached them), where a forward's disk reads cost
 milliseconds; the figures of the process (``/proc/self/io``) are read only around forwards with misses,
 where the disk dominates the time anyway. Anonymous experts are not counted (always resident).
-Read with :meth:`torch_ktmoe.KTMoE.residency_stats` (one layer) or :func:`residency_report` (a model); both
-also carry the recall of the next-layer predictor (:mod:`torch_ktmoe.next_layer`) where it predicted the layer.
+Read with :meth:`torch_ktmoe.KTMoE.residency_stats` (one layer) or :func:`~.report.residency_report` (a model); both
+also carry the recall of the next-layer predictor (:mod:`.predictor`, :mod:`.recall`) where it predicted the layer.
 Other processes' reads of the same files do not count; a page another process brought in is a hit.
 """
 from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
-import torch.nn as nn
 
-from ._native import _C
-from .next_layer import RECALL_COUNTERS, PredictionRecall
+from .._native import _C
 
-__all__ = ["LayerResidency", "residency_report", "layer_stats", "process_read_bytes"]
+__all__ = ["LayerResidency", "COUNTERS", "derived", "empty_stats", "process_read_bytes"]
 
 COUNTERS = ("forwards", "tokens", "hits", "misses", "read_bytes", "major_faults", "read_seconds")
 
@@ -85,52 +83,18 @@ class LayerResidency:
 
     def stats(self) -> dict:
         """The counters and what follows from them (hit rate, bytes and faults per token, disk GB/s)."""
-        return _derived(dict(self.counts))
+        return derived(dict(self.counts))
 
 
-def _derived(c: dict) -> dict:
+def empty_stats() -> dict:
+    """The figures of a layer never counted (all zero)."""
+    return derived(dict.fromkeys(COUNTERS, 0))
+
+
+def derived(c: dict) -> dict:
     routed = c["hits"] + c["misses"]
     c["hit_rate"] = c["hits"] / routed if routed else None
     c["read_bytes_per_token"] = c["read_bytes"] / c["tokens"] if c["tokens"] else None
     c["major_faults_per_token"] = c["major_faults"] / c["tokens"] if c["tokens"] else None
     c["disk_GBps"] = c["read_bytes"] / c["read_seconds"] / 1e9 if c["read_seconds"] else None
     return c
-
-
-def layer_stats(layer) -> Optional[dict]:
-    """One KTMoE's figures: its residency counters (zero for anonymous experts) and the recall of the previous
-    layer's predictions of its experts (:mod:`torch_ktmoe.next_layer`: ``predicted_forwards``, ``predicted_routed``,
-    ``predicted_found``, ``recall``, None before any); None for anonymous experts never predicted."""
-    recall = layer.next_layer_recall.stats()
-    if layer.residency is None and not recall["predicted_forwards"]:
-        return None
-    counts = layer.residency.stats() if layer.residency is not None else _derived(dict.fromkeys(COUNTERS, 0))
-    return {**counts, **recall}
-
-
-def residency_report(module: nn.Module, reset: bool = False) -> dict:
-    """Residency figures of every KTMoE layer with file-backed experts (or with predictions of its experts) in
-    ``module`` (a model, a ModuleList, one layer): the totals at the top level (``tokens``: the most any layer saw,
-    since every token passes every layer; ``layers``: how many are counted; ``recall``: the mean of the predicted
-    layers' recalls, ``predicted_layers`` of them) and per layer under ``per_layer`` (by module name).
-    ``reset=True`` zeroes the counters after reading them."""
-    per_layer = {}
-    for name, m in module.named_modules():
-        if isinstance(getattr(m, "next_layer_recall", None), PredictionRecall):  # a KTMoE (residency imports no layer)
-            stats = layer_stats(m)
-            if stats is None:
-                continue
-            per_layer[name or "."] = stats
-            if reset:
-                if m.residency is not None:
-                    m.residency.reset()
-                m.next_layer_recall.reset()
-    total = {k: sum(s[k] for s in per_layer.values()) for k in COUNTERS + RECALL_COUNTERS}
-    total["tokens"] = max((s["tokens"] for s in per_layer.values()), default=0)
-    total = _derived(total)
-    recalls = [s["recall"] for s in per_layer.values() if s["recall"] is not None]
-    total["recall"] = sum(recalls) / len(recalls) if recalls else None
-    total["predicted_layers"] = len(recalls)
-    total["layers"] = len(per_layer)
-    total["per_layer"] = per_layer
-    return total
