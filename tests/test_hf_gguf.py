@@ -13,6 +13,7 @@ import torch
 
 from gguf import GGMLQuantizationType as Q
 
+import torch_ktmoe
 import torch_ktmoe.hf as kh
 from ktmoe_harness.gguf_models import reference_model, round_like_the_kernel, tiny_model, write_model_gguf
 from torch_ktmoe.checkpoint.gguf import GGUFError
@@ -28,6 +29,14 @@ def write(tmp_path, model_type, mix="q4_K_M", **kwargs):
     model = tiny_model(model_type)
     held = write_model_gguf(model, tmp_path / "model.gguf", expert_types=MIXES[mix], **kwargs)
     return model, reference_model(model, held)
+
+
+def kernel_like_tolerance():
+    """How far our logits may be from round_like_the_kernel's model: a bf16 rounding falling the other way in
+    places; amx's decode rows of q4_K / q5_K / q6_K / iq4_xs also round the activations to int16 per block of 32
+    (2^-15 of its largest, far below the bf16 rounding modelled), which the random blocks amplify to 0.5-1.6e-3
+    (avx512: below 2e-4)."""
+    return 3e-3 if torch_ktmoe.active_isa() == "amx" else 1e-3
 
 
 def logits(model):
@@ -56,7 +65,7 @@ def test_computes_what_the_file_holds(tmp_path, model_type, mix):
     # the same fp32 sums over bf16 activations: apart from a bf16 rounding falling the other way in places (the
     # kernels' exp is not torch's)
     kernel_like = round_like_the_kernel(ref)
-    assert relative_error(logits(ours), logits(kernel_like)) < 1e-3
+    assert relative_error(logits(ours), logits(kernel_like)) < kernel_like_tolerance()
     assert torch.equal(greedy(ours), greedy(kernel_like))
 
 
@@ -70,7 +79,7 @@ def test_agrees_with_transformers_own_gguf_load(tmp_path):
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32)
     ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
     round_like_the_kernel(theirs)  # (I = 1408: a bf16 rounding of an activation may fall the other way in places)
-    assert relative_error(logits(ours), logits(theirs)) < 1e-3
+    assert relative_error(logits(ours), logits(theirs)) < kernel_like_tolerance()
     assert torch.equal(greedy(ours), greedy(theirs))
 
 
@@ -80,7 +89,7 @@ def test_widths_the_transformers_mapping_drops_and_the_tensors_alone(tmp_path):
     _, ref = write(tmp_path, "qwen3_moe", "q8_0", metadata=False)
     ours = kh.from_pretrained(tmp_path, gguf_file=str(tmp_path / "model.gguf"), progress=False)
     assert ours.config.moe_intermediate_size == 256 and ours.config.norm_topk_prob
-    assert relative_error(logits(ours), logits(round_like_the_kernel(ref))) < 1e-3
+    assert relative_error(logits(ours), logits(round_like_the_kernel(ref))) < kernel_like_tolerance()
 
 
 def test_layers_of_different_mixes_and_a_split_file(tmp_path):
@@ -92,7 +101,7 @@ def test_layers_of_different_mixes_and_a_split_file(tmp_path):
     ours = kh.from_pretrained(tmp_path, gguf_file=parts[0], progress=False)
     assert [ours.model.layers[n].mlp.experts.ktmoe.gguf.ggml_types[2] for n in (0, 1)] == [Q.Q6_K, Q.IQ4_XS]
     ref = round_like_the_kernel(reference_model(model, held))
-    assert relative_error(logits(ours), logits(ref)) < 1e-3
+    assert relative_error(logits(ours), logits(ref)) < kernel_like_tolerance()
 
 
 def test_a_weight_format_packs_the_experts_into_the_cache(tmp_path):
@@ -181,7 +190,7 @@ def test_an_intermediate_size_of_whole_32_blocks_only(tmp_path):
     ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
     assert ours.model.layers[1].mlp.experts.ktmoe.intermediate_size == 352
     ref = round_like_the_kernel(reference_model(model, held))
-    assert relative_error(logits(ours), logits(ref)) < 1e-3
+    assert relative_error(logits(ours), logits(ref)) < kernel_like_tolerance()
 
 
 def test_glm_multi_token_prediction_layers_are_not_the_models(tmp_path):
@@ -191,7 +200,7 @@ def test_glm_multi_token_prediction_layers_are_not_the_models(tmp_path):
         ours = kh.from_pretrained(tmp_path, gguf_file="model.gguf", progress=False)
     assert ours.config.num_hidden_layers == 3 and ours.ktmoe_report.layers_patched == [1, 2]
     ref = round_like_the_kernel(reference_model(model, held))
-    assert relative_error(logits(ours), logits(ref)) < 1e-3
+    assert relative_error(logits(ours), logits(ref)) < kernel_like_tolerance()
 
 
 def test_bf16_keeps_what_the_model_keeps_in_fp32_exact(tmp_path):
