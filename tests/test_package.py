@@ -49,3 +49,14 @@ def test_compile_caches_are_keyed_by_the_ops_schemas():
     assert r.returncode == 0, r.stderr
     first, again = r.stdout.split()
     assert first == again and re.fullmatch(r"mine\|ktmoe:[0-9a-f]{16}", first), r.stdout
+
+
+def test_pyproject_installs_every_subpackage():
+    """A non-editable install (the sglang venv's `pip install .`) ships only the packages pyproject lists: each
+    directory of torch_ktmoe with an __init__.py must be one of them."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
+               if "__pycache__" not in p.parts}
+    assert present <= listed, f"pyproject.toml's [tool.setuptools] packages lacks {sorted(present - listed)}"
